@@ -1,0 +1,141 @@
+"""Request path benchmark: hotreload's routed round trip against a direct in-process call
+and a bare Unix-socket echo written the same way, for 1 and 32 concurrent clients.
+
+    .venv/bin/python benchmarks/request_path.py [--seconds 4]
+
+Targets (issue 2): routed p50 within 2x of the bare echo; >= 5,000 req/s at 32 clients on
+2 cores with a trivial model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from common import HEADER, REPO, LoadResult, Server, drive, percentile
+
+TRIVIAL = """
+import torch
+
+class Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+def build():
+    return Double()
+
+def example():
+    return torch.zeros(1, 64)
+"""
+
+
+def direct(label: str, model, x, seconds: float) -> LoadResult:  # type: ignore[no-untyped-def]
+    import torch
+
+    lat: list[float] = []
+    end = time.perf_counter() + seconds
+    with torch.inference_mode():
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            model(x)
+            lat.append((time.perf_counter() - t0) * 1000)
+    return LoadResult(label, 1, len(lat), len(lat), 0, seconds, lat, [])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each run")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="hr-bench-"))
+    proj = tmp / "proj"
+    shutil.copytree(REPO / "examples" / "mlp", proj)
+    (proj / "trivial.py").write_text(TRIVIAL)
+    with (proj / "hotreload.toml").open("a") as f:
+        f.write(
+            '\n[[models]]\nname = "trivial"\nentry = "trivial.py:build"\n'
+            'example = "trivial.py:example"\nthreads = 1\nmax_inflight = 16\n'
+        )
+    echo_sock = str(tmp / "echo.sock")
+    py = sys.executable
+    server = Server(
+        [py, "-m", "hotreload", "serve", "--config", str(proj / "hotreload.toml")], "serving ", proj
+    )
+    echo = Server([py, str(REPO / "benchmarks" / "echo_server.py"), echo_sock], "echo ready", proj)
+    try:
+        from hotreload.client import Client
+
+        sock = str(Client(config=proj / "hotreload.toml").socket_path)
+        import torch
+
+        torch.set_num_threads(1)
+        sys.path.insert(0, str(proj))
+        import model as example  # type: ignore[import-not-found]
+        import trivial  # type: ignore[import-not-found]
+
+        x = torch.from_numpy(np.zeros((1, 64), np.float32))
+        rows: list[LoadResult] = [
+            direct("direct in-process: example mlp", example.build().eval(), x, args.seconds),
+            direct("direct in-process: trivial", trivial.build(), x, args.seconds),
+        ]
+        for clients, procs in ((1, 1), (32, 2)):
+            rows.append(
+                drive(
+                    echo_sock, "echo", clients, args.seconds, procs=procs, label="bare socket echo"
+                )
+            )
+            rows.append(
+                drive(
+                    sock,
+                    "trivial",
+                    clients,
+                    args.seconds,
+                    procs=procs,
+                    label="hotreload routed: trivial",
+                )
+            )
+            rows.append(
+                drive(
+                    sock,
+                    "mlp",
+                    clients,
+                    args.seconds,
+                    procs=procs,
+                    label="hotreload routed: example mlp",
+                )
+            )
+    finally:
+        server.stop()
+        echo.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"request path, 1x64 float32, {args.seconds:g} s per run, {os.cpu_count()} cores")
+    print(HEADER)
+    for r in rows:
+        print(r.row())
+    by = {(r.label, r.clients): r for r in rows}
+    echo1, triv1 = by[("bare socket echo", 1)], by[("hotreload routed: trivial", 1)]
+    echo32, triv32 = by[("bare socket echo", 32)], by[("hotreload routed: trivial", 32)]
+    mlp1, direct_mlp = (
+        by[("hotreload routed: example mlp", 1)],
+        by[("direct in-process: example mlp", 1)],
+    )
+    print()
+    print(f"routed/echo p50, 1 client (target <= 2.0):       {triv1.p50 / echo1.p50:.2f}x")
+    print(f"routed/echo p50, 32 clients:                     {triv32.p50 / echo32.p50:.2f}x")
+    print(f"routed throughput, 32 clients (target >= 5000):  {triv32.rps:.0f} req/s")
+    print(f"routed/echo throughput, 32 clients:              {triv32.rps / echo32.rps:.2f}x")
+    overhead = mlp1.p50 - percentile(direct_mlp.latencies_ms, 50)
+    print(f"example mlp: routed p50 - direct p50, 1 client:  {overhead:.3f} ms")
+    failed = sum(r.failed for r in rows)
+    print(f"failed requests: {failed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

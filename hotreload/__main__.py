@@ -1,0 +1,5 @@
+import sys
+
+from hotreload.cli import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""The client endpoint: a Unix socket (mode 0600, in a 0700 folder) speaking the frame protocol.
+
+Each connection may pipeline requests; every reply carries the request's id. A malformed
+frame gets an error reply and the connection is closed (a length-prefixed stream cannot be
+resynchronised), while the worker and every other connection carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from hotreload.errors import BadRequestError, ClientError, HotreloadError, ProtocolError
+from hotreload.paths import ensure_private_dir
+from hotreload.protocol.framing import Frame, pack_frame, read_frame
+
+#: Sends a reply: (header, blobs) or an exception to report.
+Reply = Callable[[dict[str, Any] | None, list[Any] | BaseException], None]
+#: A handler that answers through `reply`, possibly later, without a task of its own
+#: (the infer path: no task creation and no extra loop turn per request).
+FastHandler = Callable[[dict[str, Any], memoryview | bytes, Reply], None]
+#: op name -> handler(header, payload) returning (reply header, reply blobs).
+Handler = Callable[
+    [dict[str, Any], memoryview | bytes], Awaitable[tuple[dict[str, Any], list[Any]]]
+]
+
+
+def error_header(rid: Any, exc: BaseException) -> dict[str, Any]:
+    code = (
+        exc.code
+        if isinstance(exc, ClientError)
+        else ("bad_request" if isinstance(exc, ProtocolError) else "error")
+    )
+    err: dict[str, Any] = {"code": code, "message": str(exc)}
+    tb = getattr(exc, "remote_traceback", None)
+    if tb:
+        err["traceback"] = tb
+        # ModelError's str() already appends the traceback for humans; keep the message short.
+        err["message"] = str(exc).split("\n--- remote traceback ---", 1)[0]
+    return {"id": rid, "ok": False, "error": err}
+
+
+class Endpoint:
+    def __init__(
+        self,
+        path: Path,
+        handlers: dict[str, Handler],
+        max_frame_bytes: int,
+        fast_handlers: dict[str, FastHandler] | None = None,
+    ) -> None:
+        self.path = path
+        self.handlers = handlers
+        self.fast_handlers = fast_handlers or {}
+        self.max_frame_bytes = max_frame_bytes
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        ensure_private_dir(self.path.parent)
+        if self.path.exists():
+            if _socket_answers(self.path):
+                raise HotreloadError(
+                    f"a hotreload session is already serving on {self.path}; stop it first "
+                    "(or use `hotreload status` to see it)"
+                )
+            self.path.unlink()  # stale socket from a session that crashed
+        old_umask = os.umask(0o177)  # the socket is created 0600, no window with wider modes
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve_connection,
+                path=str(self.path),
+                limit=self.max_frame_bytes + 1024 * 1024,
+            )
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._connections):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self._connections.add(writer)
+        try:
+            while True:
+                try:
+                    frame = await read_frame(reader, self.max_frame_bytes)
+                except ProtocolError as exc:
+                    writer.writelines(pack_frame(error_header(None, BadRequestError(str(exc)))))
+                    with contextlib.suppress(ConnectionError):
+                        await writer.drain()
+                    break
+                if frame is None:
+                    break
+                fast = self.fast_handlers.get(frame.header.get("op"))  # type: ignore[arg-type]
+                if fast is not None:
+                    self._handle_fast(fast, frame, writer)
+                    continue
+                task = asyncio.create_task(self._handle(frame, writer))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+
+    def _handle_fast(self, fast: FastHandler, frame: Frame, writer: asyncio.StreamWriter) -> None:
+        rid = frame.header.get("id")
+
+        def reply(header: dict[str, Any] | None, result: list[Any] | BaseException) -> None:
+            if isinstance(result, BaseException) or header is None:
+                exc = result if isinstance(result, BaseException) else RuntimeError("no reply")
+                pieces = pack_frame(error_header(rid, exc))
+            else:
+                header["id"] = rid
+                pieces = pack_frame(header, result)
+            if not writer.is_closing():
+                # No drain: replies are small next to the socket buffer, and a client that
+                # stops reading is cut off by the transport's own limits.
+                writer.writelines(pieces)
+
+        try:
+            fast(frame.header, frame.payload, reply)
+        except Exception as exc:
+            reply(None, exc)
+
+    async def _handle(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
+        rid = frame.header.get("id")
+        op = frame.header.get("op")
+        handler = self.handlers.get(op) if isinstance(op, str) else None
+        try:
+            if handler is None:
+                raise BadRequestError(
+                    f"unknown op {op!r}; expected one of {', '.join(sorted(self.handlers))}"
+                )
+            header, blobs = await handler(frame.header, frame.payload)
+            header["id"] = rid
+            pieces = pack_frame(header, blobs)
+        except Exception as exc:
+            pieces = pack_frame(error_header(rid, exc))
+        if writer.is_closing():
+            return
+        writer.writelines(pieces)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+
+def _socket_answers(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True

@@ -1,0 +1,327 @@
+"""One served model: its worker process, its router, its version and its state.
+
+The host brings a version up (load -> warm -> smoke -> swap), restarts a worker that dies
+(requests in flight are retried once), and kills a worker whose forward hangs past its
+deadline, because a forward stuck in a kernel cannot be interrupted from inside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotreload.config import Config, ModelConfig
+from hotreload.engine.events import EventBus
+from hotreload.engine.router import ModelRouter
+from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+from hotreload.errors import WorkerUnavailableError
+
+#: States shown to users (status, dashboard).
+STATES = (
+    "starting",
+    "loading",
+    "warming",
+    "serving",
+    "reloading",
+    "draining",
+    "restarting",
+    "failed",
+    "wedged",
+    "stopped",
+)
+
+
+@dataclass
+class VersionInfo:
+    """What is known about the version a worker serves."""
+
+    version: int
+    load_s: float = 0.0
+    warm_s: float = 0.0
+    warm_passes_ms: list[float] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    footprint_bytes: int = 0
+
+
+class BringUpError(Exception):
+    """A phase of bringing a version up failed; `phase` names it."""
+
+    def __init__(self, phase: str, message: str, remote_traceback: str | None = None) -> None:
+        self.phase = phase
+        self.remote_traceback = remote_traceback
+        super().__init__(message)
+
+
+class ModelHost:
+    def __init__(self, model: ModelConfig, config: Config, events: EventBus) -> None:
+        self.model = model
+        self.config = config
+        self.events = events
+        self.router = ModelRouter(
+            name=model.name,
+            max_queue_size=model.max_queue_size,
+            request_timeout_s=model.request_timeout_s,
+            max_inflight=model.max_inflight,
+        )
+        self.worker: WorkerProcess | None = None
+        self.state = "stopped"
+        self.current: VersionInfo | None = None
+        self.generation = 0
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.last_worker_status: dict[str, Any] = {}
+        self.started_at = time.time()
+        self._restart_task: asyncio.Task[None] | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def version(self) -> int:
+        return self.current.version if self.current else 0
+
+    def set_state(self, state: str, **fields: Any) -> None:
+        if state != self.state:
+            self.state = state
+            self.events.emit("state", model=self.name, state=state, **fields)
+
+    # ------------------------------------------------------------------ worker lifecycle
+
+    async def spawn_worker(self) -> WorkerProcess:
+        self.generation += 1
+        worker = WorkerProcess(self.model, self.config, self.generation)
+        try:
+            await worker.start(self.model.deadlines.start_s)
+        except (WorkerDied, WorkerReplyError) as exc:
+            await worker.kill()
+            raise BringUpError("start", f"worker failed to start: {exc}") from exc
+        worker.on_death = self._on_worker_death
+        self.events.emit("worker_started", model=self.name, pid=worker.pid, device=worker.device)
+        return worker
+
+    async def bring_up(
+        self,
+        worker: WorkerProcess,
+        version: int,
+        *,
+        reimport: bool = True,
+        previous_outputs: list[dict[str, Any]] | None = None,
+    ) -> VersionInfo:
+        """load -> warm -> smoke -> swap on `worker`; raises BringUpError naming the phase."""
+        d = self.model.deadlines
+        info = VersionInfo(version=version)
+        try:
+            phase = "load"
+            r = await worker.request("load", d.load_s, version=version, reimport=reimport)
+            info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
+            self.router.input_form, self.router.input_signature = r["input_form"], r["inputs"]
+            phase = "warm"
+            r = await worker.request(
+                "warm", d.warm_s, target="staged", iters=self.model.warmup_iters
+            )
+            info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
+            phase = "smoke"
+            r = await worker.request(
+                "smoke", d.smoke_s, target="staged", previous_outputs=previous_outputs
+            )
+            info.outputs = r["outputs"]
+            phase = "swap"
+            await worker.request("swap", d.smoke_s)
+        except WorkerReplyError as exc:
+            raise BringUpError(phase, str(exc), exc.remote_traceback) from exc
+        except TimeoutError:
+            limit = getattr(d, f"{phase}_s", d.smoke_s)
+            raise BringUpError(
+                phase, f"{phase} did not finish within its {limit:g} s deadline"
+            ) from None
+        except WorkerDied as exc:
+            raise BringUpError(phase, f"worker died during {phase}: {exc}") from exc
+        return info
+
+    async def start(self) -> None:
+        """Spawn the worker and serve version 1. Raises BringUpError when it cannot."""
+        self.set_state("starting")
+        worker = await self.spawn_worker()
+        self.set_state("loading", pid=worker.pid)
+        try:
+            info = await self.bring_up(worker, 1)
+        except BringUpError as exc:
+            await worker.stop(self.model.deadlines.stop_s)
+            self.set_state("failed", error=str(exc))
+            self.last_error = str(exc)
+            raise
+        self._install(worker, info)
+        self._watchdog_task = asyncio.create_task(
+            self._watch_forwards(), name=f"watchdog-{self.name}"
+        )
+
+    def _install(self, worker: WorkerProcess, info: VersionInfo) -> None:
+        self.worker = worker
+        self.router.worker = worker
+        self.current = info
+        self.set_state("serving", version=info.version)
+        self.events.emit(
+            "ready",
+            model=self.name,
+            version=info.version,
+            device=worker.device,
+            pid=worker.pid,
+            load_s=info.load_s,
+            warm_s=info.warm_s,
+        )
+        self.router.open_gate()
+
+    # ------------------------------------------------------------------ failure handling
+
+    def _on_worker_death(self, worker: WorkerProcess) -> None:
+        if self._stopping or worker is not self.worker:
+            return
+        self.events.emit("worker_died", model=self.name, pid=worker.pid, reason=worker.exit_reason)
+        self.schedule_restart(reason=worker.exit_reason or "worker died")
+
+    def schedule_restart(self, reason: str) -> None:
+        if self._restart_task is None or self._restart_task.done():
+            self._restart_task = asyncio.create_task(
+                self._restart(reason), name=f"restart-{self.name}"
+            )
+
+    async def _restart(self, reason: str, attempts: int = 3) -> None:
+        """Replace a dead or wedged worker with a fresh one serving the same version."""
+        self.router.close_gate()
+        self.set_state("restarting", reason=reason)
+        old = self.worker
+        if old is not None and old.alive:
+            await old.kill()
+        version = self.version or 1
+        delay = 0.2
+        for attempt in range(1, attempts + 1):
+            if self._stopping:
+                return
+            worker: WorkerProcess | None = None
+            try:
+                worker = await self.spawn_worker()
+                info = await self.bring_up(worker, version)
+            except BringUpError as exc:
+                self.last_error = f"restart {attempt}/{attempts} failed in {exc.phase}: {exc}"
+                self.events.emit(
+                    "restart_failed",
+                    model=self.name,
+                    attempt=attempt,
+                    phase=exc.phase,
+                    error=str(exc),
+                )
+                if worker is not None:
+                    await worker.kill()
+                await asyncio.sleep(delay)
+                delay *= 2
+                continue
+            self.restarts += 1
+            self.events.emit(
+                "worker_restarted", model=self.name, pid=worker.pid, version=version, reason=reason
+            )
+            self._install(worker, info)
+            return
+        self.set_state("failed", error=self.last_error)
+        self.router.fail_queued(
+            WorkerUnavailableError(
+                f"model {self.name!r}: worker could not be restarted: {self.last_error}"
+            )
+        )
+
+    async def _watch_forwards(self, interval_s: float = 0.25) -> None:
+        """Kill and respawn a worker whose oldest in-flight request exceeds forward_s."""
+        limit = self.model.deadlines.forward_s
+        while not self._stopping:
+            await asyncio.sleep(min(interval_s, limit / 4))
+            age = self.router.oldest_inflight_age()
+            if (
+                age > limit
+                and self.worker is not None
+                and self.worker.alive
+                and self.state == "serving"
+            ):
+                self.set_state("wedged", forward_s=age)
+                self.events.emit(
+                    "wedged",
+                    model=self.name,
+                    phase="serve",
+                    detail=f"a forward has run for {age:.1f} s (limit {limit:g} s)",
+                )
+                self.schedule_restart(reason=f"forward hung for {age:.1f} s")
+
+    # ------------------------------------------------------------------ status and stop
+
+    async def worker_status(self, timeout_s: float = 1.0) -> dict[str, Any]:
+        worker = self.worker
+        if worker is None or not worker.alive:
+            return self.last_worker_status
+        try:
+            self.last_worker_status = await worker.request("status", timeout_s)
+        except (TimeoutError, WorkerDied, WorkerReplyError):
+            pass
+        return self.last_worker_status
+
+    async def status(self) -> dict[str, Any]:
+        ws = await self.worker_status()
+        return {
+            "name": self.name,
+            "state": self.state,
+            "version": self.version,
+            "device": (self.worker.device if self.worker else None) or self.model.device,
+            "policy": self.model.policy,
+            "strategy": self.model.strategy,
+            "pid": self.worker.pid if self.worker else None,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "load_s": self.current.load_s if self.current else None,
+            "warm_s": self.current.warm_s if self.current else None,
+            "warm_passes_ms": self.current.warm_passes_ms if self.current else [],
+            "outputs": self.current.outputs if self.current else [],
+            "inputs": self.router.input_signature,
+            "input_form": self.router.input_form,
+            **self.router.snapshot(),
+            "worker": {
+                k: ws.get(k)
+                for k in (
+                    "rss_bytes",
+                    "allocator",
+                    "served",
+                    "failed",
+                    "threads",
+                    "torch",
+                    "streams",
+                )
+                if k in ws
+            },
+        }
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Drain in-flight requests, stop the worker, fail what is still queued."""
+        self._stopping = True
+        for task in (self._watchdog_task, self._restart_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self.set_state("draining")
+        # Let queued requests finish while the gate stays open, up to the drain deadline.
+        timeout = drain_timeout_s if drain_timeout_s is not None else self.model.deadlines.drain_s
+        deadline = time.monotonic() + timeout
+        while (self.router.depth or self.router.inflight) and time.monotonic() < deadline:
+            if not (self.worker and self.worker.alive):
+                break
+            await asyncio.sleep(0.01)
+        self.router.close_gate()
+        await self.router.drain(max(0.0, deadline - time.monotonic()))
+        self.router.fail_queued(
+            WorkerUnavailableError(f"model {self.name!r}: server is shutting down")
+        )
+        if self.worker is not None:
+            await self.worker.stop(self.model.deadlines.stop_s)
+        self.set_state("stopped")

@@ -1,0 +1,92 @@
+"""Plain mode: one readable line per event (serve, `watch --no-tui`, logs, CI)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:.1f} MiB" if isinstance(n, (int, float)) else "?"
+
+
+def format_event(e: dict[str, Any]) -> str | None:
+    """The line to print for an event, or None for events too chatty for plain mode."""
+    kind = e.get("kind")
+    m = e.get("model", "")
+    if kind == "ready":
+        return (
+            f"{m}: v{e['version']} ready on {e.get('device')} "
+            f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
+            f"worker pid {e.get('pid')})"
+        )
+    if kind == "start_failed":
+        text = f"{m}: failed to start in {e.get('phase') or 'start'}: {e.get('error')}"
+        if e.get("traceback"):
+            text += "\n" + e["traceback"].rstrip()
+        return text
+    if kind == "worker_died":
+        return f"{m}: worker pid {e.get('pid')} died ({e.get('reason')}); restarting"
+    if kind == "worker_restarted":
+        return f"{m}: worker restarted (pid {e.get('pid')}, v{e.get('version')})"
+    if kind == "restart_failed":
+        return (
+            f"{m}: restart attempt {e.get('attempt')} failed in {e.get('phase')}: {e.get('error')}"
+        )
+    if kind == "wedged":
+        return f"{m}: WEDGED in {e.get('phase')}: {e.get('detail')}; killing the worker"
+    if kind == "reload_requested":
+        return f"{m}: reload requested by {e.get('trigger')}" + (
+            f" ({e['detail']})" if e.get("detail") else ""
+        )
+    if kind == "policy":
+        return f"{m}: policy {e.get('policy')} ({e.get('reason')})"
+    if kind == "phase_end":
+        extra = f" - {e['detail']}" if e.get("detail") else ""
+        status = "ok" if e.get("ok", True) else "FAILED"
+        if e.get("skipped"):
+            status = "skipped"
+        return (
+            f"{m}:   {e.get('phase'):<7} {e.get('duration_s', 0) * 1000:8.1f} ms  {status}{extra}"
+        )
+    if kind == "reload_done":
+        return (
+            f"{m}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
+            f"({e.get('policy')}, {e.get('strategy')})"
+        )
+    if kind == "reload_failed":
+        text = (
+            f"{m}: reload FAILED in {e.get('phase')}: {e.get('error')} "
+            f"- v{e.get('version')} keeps serving"
+        )
+        if e.get("traceback"):
+            text += "\n" + e["traceback"].rstrip()
+        return text
+    if kind == "reload_skipped":
+        return f"{m}: no reload: {e.get('reason')}"
+    if kind == "watch_error":
+        return f"watcher: {e.get('error')}"
+    if kind == "watching":
+        return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
+    if kind == "xid":
+        return (
+            f"Xid {e.get('xid')} ({e.get('name')}, {e.get('severity')}) on {e.get('pci')}: "
+            f"{e.get('action')}"
+        )
+    return None
+
+
+class PlainPrinter:
+    def __init__(self, out: TextIO | None = None, timestamps: bool = True) -> None:
+        self.out = out or sys.stdout
+        self.timestamps = timestamps
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        line = format_event(event)
+        if line is None:
+            return
+        if self.timestamps:
+            stamp = time.strftime("%H:%M:%S", time.localtime(event.get("ts", time.time())))
+            line = f"{stamp} {line}"
+        print(line, file=self.out, flush=True)

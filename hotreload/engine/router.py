@@ -1,0 +1,285 @@
+"""Per-model request router: a bounded queue, an admission gate, and the in-flight window.
+
+Requests are pumped to the worker from callbacks (on submit and on every reply), not by a
+polling task, so an idle model costs nothing and a busy one adds no scheduler hop. The
+gate is what a reload closes: new requests wait in the queue (up to its bound and their
+timeouts) while in-flight ones drain, and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotreload.engine.signature import check_inputs
+from hotreload.engine.stats import LatencyWindow, RequestCounters
+from hotreload.engine.worker_proc import WorkerDied, WorkerProcess
+from hotreload.errors import (
+    BadRequestError,
+    ClientError,
+    ModelError,
+    QueueFullError,
+    RequestTimeoutError,
+    WorkerUnavailableError,
+)
+from hotreload.protocol.framing import Frame
+from hotreload.protocol.tensors import validate_metas
+
+#: A request whose worker died is sent once more to the restarted worker, then failed.
+MAX_ATTEMPTS = 2
+
+
+#: Called exactly once per request with (reply frame, None) or (None, the error).
+Done = Callable[[Frame | None, BaseException | None], None]
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    metas: list[dict[str, Any]]
+    payload: bytes | memoryview
+    done: Done
+    enqueued_at: float
+    deadline: float
+    attempts: int = 0
+    sent_at: float = 0.0
+    timer: asyncio.TimerHandle | None = None
+    expired: bool = False
+    finished: bool = False
+
+    def finish(self, frame: Frame | None, error: BaseException | None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.done(frame, error)
+
+
+@dataclass
+class ModelRouter:
+    name: str
+    max_queue_size: int
+    request_timeout_s: float
+    max_inflight: int
+    worker: WorkerProcess | None = None
+    input_form: str = "single"
+    input_signature: list[dict[str, Any]] = field(default_factory=list)
+    counters: RequestCounters = field(default_factory=RequestCounters)
+    latency: LatencyWindow = field(default_factory=LatencyWindow)
+    queue_latency: LatencyWindow = field(default_factory=LatencyWindow)
+
+    def __post_init__(self) -> None:
+        self._queue: deque[Request] = deque()
+        self._inflight: set[Request] = set()
+        self._gate_open = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.unavailable_reason: str | None = None
+
+    # ------------------------------------------------------------------ figures
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def gate_open(self) -> bool:
+        return self._gate_open
+
+    def oldest_inflight_age(self, now: float | None = None) -> float:
+        """Seconds the oldest request has been inside the worker (hung-forward detection)."""
+        if not self._inflight:
+            return 0.0
+        now = now if now is not None else time.monotonic()
+        return now - min(r.sent_at for r in self._inflight)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "queue_depth": self.depth,
+            "queue_limit": self.max_queue_size,
+            "inflight": self.inflight,
+            "gate_open": self._gate_open,
+            "requests": self.counters.as_dict(),
+            "latency": self.latency.summary(),
+            "queue_latency": self.queue_latency.summary(),
+        }
+
+    # ------------------------------------------------------------------ intake
+
+    def submit_future(
+        self, header: dict[str, Any], payload: bytes | memoryview
+    ) -> asyncio.Future[Frame]:
+        """`submit` for callers that prefer to await a future."""
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+
+        def done(frame: Frame | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(frame)  # type: ignore[arg-type]
+
+        self.submit(header, payload, done)
+        return fut
+
+    def submit(self, header: dict[str, Any], payload: bytes | memoryview, done: Done) -> None:
+        """Queue one infer request; `done` gets the worker's reply frame or the error.
+
+        Callbacks, not futures, all the way from the client socket to the worker and back:
+        a reply is written to the client in the loop turn it arrives in.
+        """
+        try:
+            metas = validate_metas(header.get("tensors"), len(payload))
+        except Exception as exc:  # ProtocolError: say what was wrong, keep serving
+            self.counters.bad_request += 1
+            done(None, BadRequestError(f"model {self.name!r}: {exc}"))
+            return
+        problem = check_inputs(header.get("form"), metas, self.input_form, self.input_signature)
+        if problem:
+            self.counters.bad_request += 1
+            done(None, BadRequestError(f"model {self.name!r}: {problem}"))
+            return
+        if len(self._queue) >= self.max_queue_size:
+            self.counters.rejected += 1
+            done(
+                None,
+                QueueFullError(
+                    f"model {self.name!r}: Exceeds maximum queue size (depth {len(self._queue)}, "
+                    f"limit {self.max_queue_size}); retry later or raise max_queue_size"
+                ),
+            )
+            return
+        timeout = header.get("timeout_s")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            timeout = self.request_timeout_s
+        timeout = min(float(timeout), self.request_timeout_s)
+        loop = asyncio.get_running_loop()
+        # asyncio's loop clock is time.monotonic(), so deadlines and latencies share one clock.
+        now = loop.time()
+        req = Request(metas, payload, done, now, now + timeout)
+        req.timer = loop.call_at(req.deadline, self._expire, req, timeout)
+        self._queue.append(req)
+        self.pump()
+
+    def _expire(self, req: Request, timeout: float) -> None:
+        if req.finished:
+            return
+        req.expired = True
+        self.counters.timed_out += 1
+        inside = req in self._inflight
+        if not inside:
+            try:
+                self._queue.remove(req)
+            except ValueError:
+                pass
+        where = "inside the worker" if inside else "in the queue"
+        req.finish(
+            None,
+            RequestTimeoutError(
+                f"model {self.name!r}: request timed out after {timeout:.3g} s ({where}; "
+                f"queue depth {len(self._queue)}, in flight {len(self._inflight)})"
+            ),
+        )
+
+    # ------------------------------------------------------------------ dispatch
+
+    def pump(self) -> None:
+        """Send queued requests while the gate is open and the in-flight window has room."""
+        worker = self.worker
+        if not self._gate_open or worker is None or not worker.alive:
+            return
+        now = time.monotonic()
+        while self._queue and len(self._inflight) < self.max_inflight:
+            req = self._queue.popleft()
+            req.attempts += 1
+            req.sent_at = now
+            if req.attempts == 1:
+                self.queue_latency.add((now - req.enqueued_at) * 1000, now)
+            self._inflight.add(req)
+            self._idle.clear()
+            blobs = [req.payload] if req.metas else []
+            on_reply = functools.partial(self._on_reply, req)
+            header = {"op": "infer", "tensors": req.metas}
+            if not worker.send_with_callback(header, blobs, on_reply):
+                on_reply(None, WorkerDied(worker.exit_reason or "worker is not running"))
+                return
+
+    def _on_reply(self, req: Request, frame: Frame | None, error: BaseException | None) -> None:
+        self._inflight.discard(req)
+        if not self._inflight:
+            self._idle.set()
+        if error is not None:
+            self._on_worker_failure(req, error)
+        elif not req.finished and frame is not None:
+            if frame.header.get("ok"):
+                self.counters.ok += 1
+                now = time.monotonic()
+                self.latency.add((now - req.enqueued_at) * 1000, now)
+                req.finish(frame, None)
+            else:
+                self.counters.failed += 1
+                err = frame.header.get("error") or {}
+                message = f"model {self.name!r}: {err.get('message')}"
+                if err.get("code") == "worker_unavailable":
+                    req.finish(None, WorkerUnavailableError(message))
+                else:
+                    req.finish(None, ModelError(message, err.get("traceback")))
+        self.pump()
+
+    def _on_worker_failure(self, req: Request, exc: BaseException) -> None:
+        if req.finished:
+            return
+        if isinstance(exc, WorkerDied) and req.attempts < MAX_ATTEMPTS and not req.expired:
+            # Retry once on the restarted worker, ahead of newer requests.
+            self.counters.retried += 1
+            self._queue.appendleft(req)
+            return
+        self.counters.failed += 1
+        reason = str(exc) if isinstance(exc, WorkerDied) else f"{type(exc).__name__}: {exc}"
+        req.finish(
+            None,
+            WorkerUnavailableError(
+                f"model {self.name!r}: worker failed while serving this request ({reason}); "
+                f"it was tried {req.attempts} time(s)"
+            ),
+        )
+
+    # ------------------------------------------------------------------ reload support
+
+    def open_gate(self) -> None:
+        self._gate_open = True
+        self.unavailable_reason = None
+        self.pump()
+
+    def close_gate(self) -> None:
+        """Stop sending to the worker; new requests wait in the queue."""
+        self._gate_open = False
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until nothing is in flight; False when `timeout_s` passes first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def fail_queued(self, error: ClientError) -> int:
+        """Fail every queued request (shutdown, or a model that cannot be brought back)."""
+        n = 0
+        while self._queue:
+            req = self._queue.popleft()
+            if not req.finished:
+                self.counters.failed += 1
+                req.finish(None, error)
+                n += 1
+        return n

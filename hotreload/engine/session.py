@@ -1,0 +1,148 @@
+"""A serving session: every model's host, the client endpoint and the event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hotreload.config import Config
+from hotreload.engine.endpoint import Endpoint, Reply
+from hotreload.engine.events import EventBus
+from hotreload.engine.host import ModelHost
+from hotreload.errors import BadRequestError
+from hotreload.paths import socket_path_for
+from hotreload.protocol.framing import Frame
+
+
+class Session:
+    def __init__(self, config: Config, *, events: EventBus | None = None) -> None:
+        self.config = config
+        self.state_dir = config.state_dir
+        self.events = events or EventBus(config.state_dir / "events.jsonl")
+        self.hosts = {m.name: ModelHost(m, config, self.events) for m in config.models}
+        self.socket_path = socket_path_for(config.path, config.socket_dir)
+        self.endpoint = Endpoint(
+            self.socket_path,
+            {"status": self._op_status, "ping": self._op_ping},
+            config.max_frame_bytes,
+            fast_handlers={"infer": self._op_infer},
+        )
+        self.started_at = time.time()
+        #: Extra handlers (reload, ...) other layers register before start().
+        self.handlers = self.endpoint.handlers
+
+    def host(self, name: str | None) -> ModelHost:
+        if name is None and len(self.hosts) == 1:
+            return next(iter(self.hosts.values()))
+        if name not in self.hosts:
+            known = ", ".join(self.hosts)
+            raise BadRequestError(f"unknown model {name!r}; this session serves: {known}")
+        return self.hosts[name]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open the socket, then bring every model up (in parallel). Raises on a failed model."""
+        await self.endpoint.start()
+        self._write_session_file()
+        self.events.emit(
+            "session_started",
+            socket=str(self.socket_path),
+            pid=os.getpid(),
+            models=list(self.hosts),
+        )
+        results = await asyncio.gather(
+            *(h.start() for h in self.hosts.values()), return_exceptions=True
+        )
+        errors = [
+            (h, r)
+            for h, r in zip(self.hosts.values(), results, strict=True)
+            if isinstance(r, BaseException)
+        ]
+        if errors:
+            for host, err in errors:
+                detail = getattr(err, "remote_traceback", None)
+                self.events.emit(
+                    "start_failed",
+                    model=host.name,
+                    phase=getattr(err, "phase", None),
+                    error=str(err),
+                    traceback=detail,
+                )
+            raise errors[0][1]
+
+    async def stop(self) -> None:
+        """Stop intake, drain and stop every worker, remove the socket."""
+        self.events.emit("session_stopping")
+        await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
+        await self.endpoint.close()
+        self._remove_session_file()
+        self.events.emit("session_stopped")
+        self.events.close()
+
+    def _session_file(self) -> Path:
+        return self.state_dir / "session.json"
+
+    def _write_session_file(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "pid": os.getpid(),
+            "socket": str(self.socket_path),
+            "config": str(self.config.path),
+            "started_at": self.started_at,
+        }
+        self._session_file().write_text(json.dumps(data, indent=2) + "\n")
+
+    def _remove_session_file(self) -> None:
+        try:
+            data = json.loads(self._session_file().read_text())
+            if data.get("pid") == os.getpid():
+                self._session_file().unlink()
+        except (OSError, ValueError):
+            pass
+
+    # ------------------------------------------------------------------ client ops
+
+    def _op_infer(self, header: dict[str, Any], payload: memoryview | bytes, reply: Reply) -> None:
+        host = self.host(header.get("model"))
+
+        def done(frame: Frame | None, error: BaseException | None) -> None:
+            if error is not None or frame is None:
+                reply(None, error or RuntimeError("no reply"))
+                return
+            h = frame.header
+            out = {
+                "ok": True,
+                "model": host.name,
+                "version": h.get("version"),
+                "form": h.get("form"),
+                "tensors": h.get("tensors", []),
+                "compute_ms": h.get("compute_ms"),
+            }
+            reply(out, [frame.payload] if len(frame.payload) else [])
+
+        host.router.submit(header, payload, done)
+
+    async def _op_status(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        return {"ok": True, **(await self.status())}, []
+
+    async def _op_ping(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        return {"ok": True, "pid": os.getpid()}, []
+
+    async def status(self) -> dict[str, Any]:
+        models = await asyncio.gather(*(h.status() for h in self.hosts.values()))
+        return {
+            "pid": os.getpid(),
+            "config": str(self.config.path),
+            "socket": str(self.socket_path),
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "models": list(models),
+        }

@@ -1,0 +1,274 @@
+"""A handle on one worker process: spawn it, talk to it, stop it.
+
+The worker is a fresh interpreter (`python -m hotreload.worker`, fork+exec, so nothing of
+this process's state, CUDA included, is inherited). The control channel is one end of a
+socketpair passed as an inherited descriptor: no path to guess, no other process can
+connect. Requests are multiplexed by id, so infer and control traffic share the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hotreload.config import Config, ModelConfig
+from hotreload.errors import HotreloadError
+from hotreload.protocol.framing import Frame, pack_frame, read_frame
+
+SPEC_ENV = "HOTRELOAD_WORKER_SPEC"
+FD_ENV = "HOTRELOAD_WORKER_FD"
+
+
+#: Receives (reply frame, None) or (None, the error) exactly once.
+ReplyCallback = Callable[["Frame | None", "BaseException | None"], None]
+
+
+class WorkerDied(HotreloadError):
+    """The worker process exited or closed its channel while a request was pending."""
+
+
+class WorkerReplyError(HotreloadError):
+    """The worker answered a control request with an error."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.code = error.get("code", "error")
+        self.remote_traceback = error.get("traceback")
+        super().__init__(error.get("message", "worker error"))
+
+
+def worker_spec(model: ModelConfig, config: Config) -> dict[str, Any]:
+    """What a worker needs to know, as JSON (the worker never reads the config file)."""
+    return {
+        "name": model.name,
+        "root": str(config.root),
+        "entry": model.entry.to_wire(),
+        "example": model.example.to_wire(),
+        "weights": [str(p) for p in model.weights],
+        "device": model.device,
+        "warmup_iters": model.warmup_iters,
+        "threads": (
+            {"intra_op": model.threads.intra_op, "inter_op": model.threads.inter_op}
+            if model.threads
+            else None
+        ),
+        "env": dict(model.env),
+        "watch": [str(p) for p in model.watch],
+        "allow_output_change": model.allow_output_change,
+        "expected_output": dict(model.expected_output) if model.expected_output else None,
+        "max_frame_bytes": config.max_frame_bytes,
+    }
+
+
+class WorkerProcess:
+    """One running worker. `request()` sends a frame and awaits the reply with the same id."""
+
+    def __init__(self, model: ModelConfig, config: Config, generation: int) -> None:
+        self.model = model
+        self.config = config
+        self.generation = generation
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self.device: str | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        # A reply goes to a future (control requests) or straight to a callback (infer: the
+        # router answers the client in the same loop turn the reply arrives in).
+        self._pending: dict[int, asyncio.Future[Frame] | ReplyCallback] = {}
+        self._ids = itertools.count(1)
+        self._hello: asyncio.Future[Frame] | None = None
+        self.dead = asyncio.Event()
+        self.exit_reason: str | None = None
+        #: Called once, from the event loop, when the worker dies unexpectedly.
+        self.on_death: Callable[[WorkerProcess], None] | None = None
+        self._stopping = False
+
+    async def start(self, timeout_s: float) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ)
+        env[SPEC_ENV] = json.dumps(worker_spec(self.model, self.config))
+        env[FD_ENV] = str(child.fileno())
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "hotreload.worker",
+                pass_fds=(child.fileno(),),
+                env=env,
+                cwd=str(self.config.root),
+                stdin=asyncio.subprocess.DEVNULL,
+                # The worker's own prints go to our stderr so a user's debug output shows.
+                stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None,
+                start_new_session=True,
+            )
+        finally:
+            child.close()
+        self.pid = self.proc.pid
+        reader, self._writer = await asyncio.open_unix_connection(
+            sock=parent, limit=self.config.max_frame_bytes
+        )
+        loop = asyncio.get_running_loop()
+        self._hello = loop.create_future()
+        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.pid}")
+        self._exit_task = asyncio.create_task(self._watch_exit(), name=f"worker-exit-{self.pid}")
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
+        except TimeoutError:
+            await self.kill()
+            raise WorkerDied(f"worker did not start within {timeout_s:.0f} s") from None
+        if not hello.header.get("ok"):
+            raise WorkerReplyError(hello.header.get("error", {}))
+        self.device = hello.header.get("device")
+
+    async def _watch_exit(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        if self.exit_reason is None:
+            self.exit_reason = _describe_exit(code)
+        self._fail_pending()
+        if not self.dead.is_set():
+            self.dead.set()
+            if not self._stopping and self.on_death is not None:
+                self.on_death(self)
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        max_bytes = self.config.max_frame_bytes + 1024 * 1024
+        try:
+            while True:
+                frame = await read_frame(reader, max_bytes)
+                if frame is None:
+                    break
+                rid = frame.header.get("id")
+                if rid == 0 and self._hello is not None and not self._hello.done():
+                    self._hello.set_result(frame)
+                    continue
+                waiter = self._pending.pop(rid, None)
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_result(frame)
+                elif waiter is not None:
+                    waiter(frame, None)
+        except Exception as exc:
+            self.exit_reason = f"channel error: {exc}"
+        finally:
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_exception(WorkerDied(self.exit_reason or "worker exited at start"))
+            self._fail_pending()
+            # EOF usually precedes the exit status by a moment; make sure it goes away.
+            if self.proc is not None and self.proc.returncode is None and not self._stopping:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.proc.wait(), 2.0)
+                if self.proc.returncode is None:
+                    await self.kill()
+
+    def _fail_pending(self) -> None:
+        reason = self.exit_reason or "worker channel closed"
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(WorkerDied(reason))
+            else:
+                waiter(None, WorkerDied(reason))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None and not self.dead.is_set()
+
+    def send(
+        self, header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
+    ) -> asyncio.Future[Frame]:
+        """Queue a frame for the worker; returns the future of its reply (no await on write)."""
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        if not self.send_with_callback(header, blobs, fut):
+            fut.set_exception(WorkerDied(self.exit_reason or "worker is not running"))
+        return fut
+
+    def send_with_callback(
+        self,
+        header: dict[str, Any],
+        blobs: Sequence[bytes | memoryview],
+        waiter: asyncio.Future[Frame] | ReplyCallback,
+    ) -> bool:
+        """Queue a frame; `waiter` gets the reply. False (nothing sent) when the worker is gone."""
+        if not self.alive or self._writer is None:
+            return False
+        rid = next(self._ids)
+        header["id"] = rid
+        self._pending[rid] = waiter
+        self._writer.writelines(pack_frame(header, blobs))
+        return True
+
+    async def request(
+        self, op: str, timeout_s: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """A control request; WorkerReplyError on an error reply, TimeoutError past timeout."""
+        fut = self.send({"op": op, **fields})
+        if self._writer is not None:
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
+        frame = await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
+        if not frame.header.get("ok"):
+            raise WorkerReplyError(frame.header.get("error", {}))
+        return frame.header
+
+    async def stop(self, timeout_s: float) -> None:
+        """Ask the worker to exit; terminate, then kill, if it does not within `timeout_s`."""
+        self._stopping = True
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.request("shutdown"), min(timeout_s, 2.0))
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 2.0)
+            except TimeoutError:
+                await self.kill()
+        self._close()
+
+    async def kill(self) -> None:
+        """SIGKILL: the only way out of a forward stuck in a kernel that never returns."""
+        self._stopping = True
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 5.0)
+        self._close()
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _has_fileno(stream: Any) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "worker channel closed"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process was killed by {name}"
+    return f"worker process exited with status {code}"

@@ -1,0 +1,96 @@
+"""Exceptions a user of hotreload sees. Every message says what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class HotreloadError(Exception):
+    """Base class of every error hotreload raises on purpose."""
+
+
+class ConfigError(HotreloadError):
+    """The config file is missing or wrong. The message names the file, the key and the fix."""
+
+    def __init__(self, message: str, *, path: str | None = None, key: str | None = None) -> None:
+        self.path = path
+        self.key = key
+        where = ""
+        if path:
+            where = f"{path}: "
+        if key:
+            where += f"{key}: "
+        super().__init__(where + message)
+
+
+class ProtocolError(HotreloadError):
+    """A frame or message did not follow the wire protocol."""
+
+
+class ClientError(HotreloadError):
+    """Base class of errors a client gets back for a request."""
+
+    code = "error"
+
+
+class NoServerError(ClientError):
+    """Nothing is listening on the session socket."""
+
+    code = "no_server"
+
+
+class QueueFullError(ClientError):
+    """The model's bounded queue is full; the request was rejected at once."""
+
+    code = "queue_full"
+
+
+class RequestTimeoutError(ClientError):
+    """The request did not complete within its timeout."""
+
+    code = "timeout"
+
+
+class BadRequestError(ClientError):
+    """The request was malformed: unknown model, wrong dtype or shape, bad frame."""
+
+    code = "bad_request"
+
+
+class ModelError(ClientError):
+    """The model raised while computing the request; carries the remote traceback."""
+
+    code = "model_error"
+
+    def __init__(self, message: str, remote_traceback: str | None = None) -> None:
+        self.remote_traceback = remote_traceback
+        text = message
+        if remote_traceback:
+            text += "\n--- remote traceback ---\n" + remote_traceback.rstrip()
+        super().__init__(text)
+
+
+class WorkerUnavailableError(ClientError):
+    """The model's worker died and the request could not be served after one retry."""
+
+    code = "worker_unavailable"
+
+
+class ReloadFailedError(ClientError):
+    """A reload asked for by the client failed; the previous version keeps serving."""
+
+    code = "reload_failed"
+
+
+#: Maps the `code` field of an error reply to the exception a client raises.
+ERROR_CLASSES: dict[str, type[ClientError]] = {
+    cls.code: cls
+    for cls in (
+        ClientError,
+        NoServerError,
+        QueueFullError,
+        RequestTimeoutError,
+        BadRequestError,
+        ModelError,
+        WorkerUnavailableError,
+        ReloadFailedError,
+    )
+}

@@ -1,0 +1,54 @@
+"""Where a session keeps its socket and state.
+
+The socket lives in a per-user folder only the user can enter (mode 0700), named by a hash
+of the config path: Unix socket paths are limited to about 107 bytes, so a socket inside a
+deep project folder would fail to bind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from hotreload.errors import HotreloadError
+
+#: Longest socket path `bind` accepts on Linux (108 bytes including the final NUL).
+MAX_SOCKET_PATH = 107
+
+
+def default_socket_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir() and os.access(runtime, os.W_OK):
+        return Path(runtime) / "hotreload"
+    return Path(tempfile.gettempdir()) / f"hotreload-{os.getuid()}"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create `path` with mode 0700, or check an existing one belongs to us and is private."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise HotreloadError(f"{path} is not a plain folder; remove it and try again")
+    if st.st_uid != os.getuid():
+        raise HotreloadError(
+            f"{path} belongs to uid {st.st_uid}, not you; set socket_dir in the config"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def socket_path_for(config_path: Path, socket_dir: Path | None = None) -> Path:
+    """The session socket for a config file (same answer in `serve` and in clients)."""
+    digest = hashlib.sha256(str(config_path.resolve()).encode()).hexdigest()[:16]
+    folder = socket_dir or default_socket_dir()
+    path = folder / f"{digest}.sock"
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise HotreloadError(
+            f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
+            "set a shorter socket_dir in the config"
+        )
+    return path

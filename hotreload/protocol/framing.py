@@ -1,0 +1,106 @@
+"""Frames: `u32 body length | u32 header length | header JSON | payload bytes`.
+
+The payload is the concatenation of the tensors' raw bytes in header order; the router
+forwards it to the worker untouched, so a request is parsed once (its small JSON header)
+and its tensor bytes are never copied into Python objects on the manager side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hotreload.errors import ProtocolError
+
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+_U32 = struct.Struct(">I")
+_TWO_U32 = struct.Struct(">II")
+#: Header JSON above this size is refused even inside a large frame: headers are small.
+MAX_HEADER_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    header: dict[str, Any]
+    payload: bytes | memoryview
+
+
+def pack_frame(
+    header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
+) -> list[bytes | memoryview]:
+    """The pieces of one frame, ready for `writelines`/`sendmsg` without joining big blobs."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    payload_len = sum(len(b) for b in blobs)
+    prefix = _TWO_U32.pack(4 + len(head) + payload_len, len(head))
+    if not blobs:
+        return [prefix + head]
+    return [prefix + head, *blobs]
+
+
+def unpack_body(body: bytes) -> Frame:
+    """Split a frame body into header and payload; raises ProtocolError on anything odd."""
+    if len(body) < 4:
+        raise ProtocolError(f"frame body of {len(body)} bytes is shorter than its 4-byte header")
+    (head_len,) = _U32.unpack_from(body, 0)
+    if head_len > len(body) - 4 or head_len > MAX_HEADER_BYTES:
+        raise ProtocolError(
+            f"header length {head_len} does not fit in a frame body of {len(body)} bytes"
+        )
+    try:
+        header = json.loads(body[4 : 4 + head_len])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"frame header must be a JSON object, got {type(header).__name__}")
+    return Frame(header, memoryview(body)[4 + head_len :])
+
+
+def _check_length(length: int, max_bytes: int) -> None:
+    if length > max_bytes:
+        raise ProtocolError(
+            f"frame of {length} bytes exceeds the maximum frame size of {max_bytes} bytes "
+            "(raise max_frame_mib in the config, or send smaller batches)"
+        )
+    if length < 4:
+        raise ProtocolError(f"frame length {length} is too small to hold a header")
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> Frame | None:
+    """Read one frame; None on a clean end of stream before a new frame."""
+    try:
+        prefix = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ProtocolError("connection closed inside a frame length prefix") from None
+        return None
+    (length,) = _U32.unpack(prefix)
+    _check_length(length, max_bytes)
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise ProtocolError(f"connection closed inside a frame of {length} bytes") from None
+    return unpack_body(body)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def read_frame_sync(sock: socket.socket, max_bytes: int) -> Frame:
+    """Blocking twin of `read_frame` for the synchronous client."""
+    (length,) = _U32.unpack(_recv_exactly(sock, 4))
+    _check_length(length, max_bytes)
+    return unpack_body(_recv_exactly(sock, length))

@@ -1,0 +1,61 @@
+"""`hotreload status`: ask a running session for each model's state and figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from hotreload.client import Client
+from hotreload.errors import ConfigError, NoServerError
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:.0f} MiB" if isinstance(n, (int, float)) else "-"
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"session pid {status['pid']}, up {status['uptime_s']:.0f} s, socket {status['socket']}"
+    ]
+    header = (
+        f"{'MODEL':<16} {'STATE':<10} {'VER':>4} {'DEVICE':<8} {'QUEUE':>9} {'INFL':>4} "
+        f"{'P50 ms':>8} {'P95 ms':>8} {'P99 ms':>8} {'OK':>8} {'REJ':>5} {'T/O':>5} "
+        f"{'FAIL':>5} {'RSS':>9}"
+    )
+    lines.append(header)
+    for m in status["models"]:
+        lat, req, worker = m["latency"], m["requests"], m.get("worker", {})
+        mem = _mib(worker.get("rss_bytes"))
+        alloc = worker.get("allocator")
+        if alloc:
+            mem += f" (torch {_mib(alloc['allocated_bytes'])})"
+        lines.append(
+            f"{m['name']:<16} {m['state']:<10} {m['version']:>4} {m['device']:<8} "
+            f"{str(m['queue_depth']) + '/' + str(m['queue_limit']):>9} {m['inflight']:>4} "
+            f"{lat['p50_ms']:>8.2f} {lat['p95_ms']:>8.2f} {lat['p99_ms']:>8.2f} "
+            f"{req['ok']:>8} {req['rejected']:>5} {req['timed_out']:>5} {req['failed']:>5} {mem:>9}"
+        )
+        if m.get("last_error"):
+            lines.append(f"  last error: {m['last_error']}")
+    return "\n".join(lines)
+
+
+def status_main(config: str | None, *, as_json: bool = False) -> int:
+    try:
+        client = Client(config, timeout_s=10.0)
+        status = client.status()
+    except ConfigError as exc:
+        print(f"hotreload: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NoServerError as exc:
+        print(f"hotreload: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    status.pop("id", None)
+    status.pop("ok", None)
+    if as_json:
+        print(json.dumps(status, indent=2))
+    else:
+        print(format_status(status))
+    return EXIT_OK

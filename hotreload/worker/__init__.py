@@ -1,0 +1,1 @@
+"""The model worker process: the only part of hotreload that imports torch."""

@@ -1,0 +1,417 @@
+"""Build a model version inside the worker: import the user's code, load weights, warm, smoke.
+
+Runs on the worker's loader thread, never on the thread that serves requests, so a load
+that takes seconds does not stall serving.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hotreload import runtime
+
+#: Input forms: how the wire tensors are passed to the model.
+FORM_SINGLE, FORM_TUPLE, FORM_DICT = "single", "tuple", "dict"
+
+
+class LoadError(Exception):
+    """A user-facing failure to build, warm or smoke a version (message says what to fix)."""
+
+
+@dataclass
+class ModelVersion:
+    """One built version of a model, ready (after warm-up) to serve."""
+
+    version: int
+    model: Callable[..., Any]
+    example_form: str
+    example: dict[str, torch.Tensor]
+    device: torch.device
+    stream: Any | None
+    load_s: float = 0.0
+    warm_s: float = 0.0
+    warm_passes_ms: list[float] = field(default_factory=list)
+    input_signature: list[dict[str, Any]] = field(default_factory=list)
+    output_signature: list[dict[str, Any]] = field(default_factory=list)
+    footprint_bytes: int = 0
+    on_host: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "device": str(self.device),
+            "load_s": round(self.load_s, 4),
+            "warm_s": round(self.warm_s, 4),
+            "warm_passes_ms": [round(x, 3) for x in self.warm_passes_ms],
+            "input_form": self.example_form,
+            "inputs": self.input_signature,
+            "outputs": self.output_signature,
+            "footprint_bytes": self.footprint_bytes,
+        }
+
+
+# ----------------------------------------------------------------------------- importing
+
+
+def _under(path: str | None, roots: Sequence[Path]) -> bool:
+    if not path:
+        return False
+    try:
+        p = Path(path).resolve()
+    except OSError:
+        return False
+    return any(p == r or r in p.parents for r in roots)
+
+
+def user_module_names(roots: Sequence[Path]) -> list[str]:
+    """Modules currently imported from the model's folders (site-packages excluded)."""
+    names = []
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if _under(file, roots) and "site-packages" not in (file or ""):
+            names.append(name)
+    return names
+
+
+def drop_user_modules(roots: Sequence[Path]) -> list[str]:
+    """Forget the user's modules so the next import reads the code afresh from disk."""
+    names = user_module_names(roots)
+    for name in names:
+        sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+    return names
+
+
+def resolve(entry: dict[str, Any], root: Path) -> Any:
+    """Import the module of an entry point and return its attribute."""
+    if entry.get("file"):
+        file = Path(entry["file"])
+        if not file.is_file():
+            raise LoadError(f"{entry['spec']}: file {file} no longer exists")
+        folder = str(file.parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        mod_name = file.stem
+        module = sys.modules.get(mod_name)
+        if module is None or not _under(getattr(module, "__file__", None), [file]):
+            spec = importlib.util.spec_from_file_location(mod_name, file)
+            if spec is None or spec.loader is None:
+                raise LoadError(f"{entry['spec']}: cannot import {file}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(mod_name, None)
+                raise
+    else:
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        module = importlib.import_module(entry["module"])
+    target: Any = module
+    for part in entry["attr"].split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise LoadError(
+                f"{entry['spec']}: module {module.__name__!r} has no attribute {entry['attr']!r}"
+            ) from None
+    if not callable(target):
+        raise LoadError(f"{entry['spec']}: {entry['attr']!r} is not callable")
+    return target
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def load_weights(model: Any, files: Sequence[str], device: torch.device) -> None:
+    """Load safetensors or weights-only torch files into `model`, strictly."""
+    if not files:
+        return
+    if not isinstance(model, torch.nn.Module):
+        raise LoadError(
+            f"weights are configured but the factory returned {type(model).__name__}, "
+            "not a torch.nn.Module; load the weights inside the factory or remove `weights`"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise LoadError(f"weights file {path} does not exist")
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                part = load_file(str(path), device="cpu")
+            else:
+                # weights_only: a checkpoint must never be able to run code on load.
+                part = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise LoadError(f"cannot read weights file {path}: {exc}") from exc
+        if isinstance(part, dict) and "state_dict" in part and isinstance(part["state_dict"], dict):
+            part = part["state_dict"]
+        if not isinstance(part, dict):
+            raise LoadError(f"weights file {path} holds {type(part).__name__}, not a state dict")
+        state.update(part)
+    result = model.load_state_dict(state, strict=False)
+    problems = []
+    if result.missing_keys:
+        problems.append(f"missing keys: {', '.join(result.missing_keys[:8])}")
+    if result.unexpected_keys:
+        problems.append(f"unexpected keys: {', '.join(result.unexpected_keys[:8])}")
+    if problems:
+        raise LoadError(
+            "weights do not match the model ("
+            + "; ".join(problems)
+            + "); check that the weights file was saved from this model's code"
+        )
+
+
+# ----------------------------------------------------------------------------- inputs/outputs
+
+
+def normalise_example(value: Any) -> tuple[str, dict[str, torch.Tensor]]:
+    """The example input as a form and named tensors (single, tuple or dict)."""
+    if isinstance(value, torch.Tensor):
+        return FORM_SINGLE, {"input": value}
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
+        return FORM_TUPLE, {f"input_{i}": v for i, v in enumerate(value)}
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    ):
+        return FORM_DICT, dict(value)
+    raise LoadError(
+        "the example callable must return a tensor, a tuple/list of tensors or a dict of "
+        f"name -> tensor; it returned {type(value).__name__}"
+    )
+
+
+def call_model(model: Callable[..., Any], form: str, inputs: dict[str, torch.Tensor]) -> Any:
+    if form == FORM_SINGLE:
+        return model(next(iter(inputs.values())))
+    if form == FORM_TUPLE:
+        return model(*inputs.values())
+    return model(**inputs)
+
+
+def normalise_output(value: Any) -> tuple[str, dict[str, torch.Tensor]]:
+    """Model output as a form and named tensors, for the wire and for smoke checks."""
+    if isinstance(value, torch.Tensor):
+        return FORM_SINGLE, {"output": value}
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
+        return FORM_TUPLE, {f"output_{i}": v for i, v in enumerate(value)}
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    ):
+        return FORM_DICT, dict(value)
+    if isinstance(value, (int, float, bool)):
+        return FORM_SINGLE, {"output": torch.as_tensor(value)}
+    raise LoadError(
+        "the model must return a tensor, a tuple/list of tensors or a dict of name -> tensor; "
+        f"it returned {type(value).__name__}"
+    )
+
+
+def signature(named: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    return [
+        {"name": k, "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
+        for k, v in named.items()
+    ]
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise LoadError(
+                f"device {requested!r} was asked for but torch sees no CUDA device "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                'use device = "auto" or "cpu", or install a CUDA build of torch'
+            )
+        dev = torch.device(requested)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise LoadError(
+                f"device {requested!r} does not exist; torch sees "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+        return dev
+    return torch.device("cpu")
+
+
+def allocated_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return 0
+
+
+def build_version(spec: dict[str, Any], version: int, device: torch.device) -> ModelVersion:
+    """Import (or reuse) the code, call the factory, load weights, move to the device."""
+    root = Path(spec["root"])
+    started = time.perf_counter()
+    before = allocated_bytes(device)
+    stream = None
+    runtime.set_loading_version(version)
+    try:
+        factory = resolve(spec["entry"], root)
+        example_fn = resolve(spec["example"], root)
+        model = factory()
+        if not callable(model):
+            raise LoadError(
+                f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
+                "return a torch.nn.Module or a function"
+            )
+        load_weights(model, spec.get("weights") or [], device)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(device).eval()
+        form, example = normalise_example(example_fn())
+        example = {k: v.to(device) for k, v in example.items()}
+        if device.type == "cuda":
+            # A stream of this version's own: the sync phase waits on exactly these.
+            stream = torch.cuda.Stream(device)
+            runtime.register_stream(stream, name=f"{spec['name']}-v{version}-serve")
+    finally:
+        runtime.set_loading_version(None)
+    mv = ModelVersion(
+        version=version,
+        model=model,
+        example_form=form,
+        example=example,
+        device=device,
+        stream=stream,
+        input_signature=signature(example),
+    )
+    mv.load_s = time.perf_counter() - started
+    mv.footprint_bytes = max(0, allocated_bytes(device) - before)
+    return mv
+
+
+def forward(mv: ModelVersion, form: str, inputs: dict[str, torch.Tensor]) -> Any:
+    """One inference pass on the version's own stream (CUDA) under inference_mode."""
+    with torch.inference_mode():
+        if mv.stream is not None:
+            with torch.cuda.stream(mv.stream):
+                out = call_model(mv.model, form, inputs)
+            mv.stream.synchronize()
+            return out
+        return call_model(mv.model, form, inputs)
+
+
+def warm(mv: ModelVersion, iters: int) -> None:
+    """Run the example `iters` times and time each pass (first pass shows lazy init cost)."""
+    mv.warm_passes_ms = []
+    started = time.perf_counter()
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        forward(mv, mv.example_form, mv.example)
+        mv.warm_passes_ms.append((time.perf_counter() - t0) * 1000)
+    mv.warm_s = time.perf_counter() - started
+
+
+def smoke(
+    mv: ModelVersion,
+    previous: list[dict[str, Any]] | None,
+    *,
+    allow_output_change: bool,
+    expected: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the example once; reject non-finite outputs and an unexpected output signature."""
+    out_form, outputs = normalise_output(forward(mv, mv.example_form, mv.example))
+    for name, t in outputs.items():
+        if t.dtype == torch.bfloat16:
+            raise LoadError(
+                f"output {name!r} is bfloat16, which cannot travel to clients; cast it to "
+                "float32 (or float16) at the end of forward()"
+            )
+        if t.is_floating_point() or t.is_complex():
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                bad = int((~finite).sum())
+                raise LoadError(
+                    f"smoke test: output {name!r} has {bad} non-finite value(s) (NaN or inf) "
+                    f"out of {t.numel()} for the example input"
+                )
+    sig = signature(outputs)
+    for entry in sig:
+        entry["form"] = out_form
+    if expected:
+        _check_expected(sig, expected)
+    if previous is not None and not allow_output_change:
+        old = [{k: e[k] for k in ("name", "dtype", "shape")} for e in previous]
+        new = [{k: e[k] for k in ("name", "dtype", "shape")} for e in sig]
+        if old != new:
+            raise LoadError(
+                f"smoke test: output changed from {_fmt_sig(old)} to {_fmt_sig(new)}; "
+                "set allow_output_change = true in the model's config if that is intended"
+            )
+    mv.output_signature = sig
+    return sig
+
+
+def _fmt_sig(sig: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{e['name']} {e['dtype']}{e['shape']}" for e in sig)
+
+
+def _check_expected(sig: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    first = sig[0]
+    shape = expected.get("shape")
+    if shape is not None and (
+        len(shape) != len(first["shape"])
+        or any(e != -1 and e != a for e, a in zip(shape, first["shape"], strict=False))
+    ):
+        raise LoadError(
+            f"smoke test: output {first['name']!r} has shape {first['shape']}, the config's "
+            f"expected_output.shape is {shape}"
+        )
+    dtype = expected.get("dtype")
+    if dtype is not None and dtype != first["dtype"]:
+        raise LoadError(
+            f"smoke test: output {first['name']!r} has dtype {first['dtype']}, the config's "
+            f"expected_output.dtype is {dtype}"
+        )
+
+
+def release(mv: ModelVersion | None) -> None:
+    """Drop a version: references, collected garbage, the allocator's cached blocks, streams."""
+    if mv is None:
+        return
+    device = mv.device
+    runtime.forget_streams(mv.version)
+    mv.model = None  # type: ignore[assignment]
+    mv.example = {}
+    mv.stream = None
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def offload(mv: ModelVersion) -> None:
+    """Move a version to host memory (resource policy keeps it to restore on failure)."""
+    if isinstance(mv.model, torch.nn.Module) and mv.device.type == "cuda":
+        mv.model.to("cpu")
+        mv.example = {k: v.cpu() for k, v in mv.example.items()}
+        mv.on_host = True
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def restore(mv: ModelVersion) -> None:
+    if mv.on_host:
+        assert isinstance(mv.model, torch.nn.Module)
+        mv.model.to(mv.device)
+        mv.example = {k: v.to(mv.device) for k, v in mv.example.items()}
+        mv.on_host = False

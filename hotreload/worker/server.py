@@ -1,0 +1,372 @@
+"""The worker's request loop: a serving thread, a loader thread and a control thread.
+
+Threads, not asyncio: torch releases the GIL inside kernels, and keeping model loads on a
+thread of their own is what stops a multi-second load from stalling requests (the failure
+Roboflow's shared step pool showed). Replies from every thread go through one locked send.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+from hotreload import runtime
+from hotreload.protocol.framing import Frame, pack_frame, read_frame_sync
+from hotreload.protocol.tensors import decode_tensors, encode_tensors
+from hotreload.worker import loader
+from hotreload.worker.loader import LoadError, ModelVersion
+
+_STOP = object()
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any], sock: socket.socket) -> None:
+        self.spec = spec
+        self.sock = sock
+        self.max_frame = int(spec.get("max_frame_bytes", 64 * 1024 * 1024)) + 1024 * 1024
+        self.send_lock = threading.Lock()
+        self.state = "starting"
+        self.current: ModelVersion | None = None
+        self.staged: ModelVersion | None = None
+        self.retired: ModelVersion | None = None
+        self.device = loader.pick_device(spec.get("device", "auto"))
+        self.load_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.served = 0
+        self.failed = 0
+        self.busy_since: float | None = None
+        self.process = psutil.Process()
+        self.running = True
+
+    # ------------------------------------------------------------------ plumbing
+
+    def send(self, header: dict[str, Any], blobs: list[Any] | None = None) -> None:
+        pieces = pack_frame(header, blobs or [])
+        with self.send_lock:
+            try:
+                self.sock.sendmsg(pieces)
+            except OSError:
+                # The manager is gone; the reader loop will see EOF and exit.
+                self.running = False
+
+    def reply_error(self, rid: Any, exc: BaseException, code: str = "model_error") -> None:
+        tb = None if isinstance(exc, LoadError) else traceback.format_exc()
+        self.send(
+            {"id": rid, "ok": False, "error": {"code": code, "message": _msg(exc), "traceback": tb}}
+        )
+
+    def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
+        while True:
+            item = q.get()
+            if item is _STOP:
+                return
+            fn, frame = item
+            rid = frame.header.get("id")
+            try:
+                fn(frame)
+            except BaseException as exc:
+                self.reply_error(rid, exc)
+
+    # ------------------------------------------------------------------ serving
+
+    def op_infer(self, frame: Frame) -> None:
+        h = frame.header
+        mv = self.current
+        if mv is None:
+            self.send(
+                {
+                    "id": h["id"],
+                    "ok": False,
+                    "error": {"code": "worker_unavailable", "message": "no version is loaded yet"},
+                }
+            )
+            return
+        self.busy_since = time.monotonic()
+        try:
+            t0 = time.perf_counter()
+            arrays = decode_tensors(h["tensors"], frame.payload, writable=True)
+            # The router checked names, dtypes and shapes; pass them in the example's order.
+            names = [e["name"] for e in mv.input_signature]
+            if mv.example_form == loader.FORM_SINGLE:
+                names = list(arrays)
+            inputs = {k: torch.from_numpy(arrays[k]).to(mv.device) for k in names}
+            out = loader.forward(mv, mv.example_form, inputs)
+            form, outputs = loader.normalise_output(out)
+            host = {k: v.detach().to("cpu").numpy() for k, v in outputs.items()}
+            metas, blobs = encode_tensors(host)
+            compute_ms = (time.perf_counter() - t0) * 1000
+        except BaseException:
+            self.failed += 1
+            raise
+        finally:
+            self.busy_since = None
+        self.served += 1
+        self.send(
+            {
+                "id": h["id"],
+                "ok": True,
+                "version": mv.version,
+                "form": form,
+                "tensors": metas,
+                "compute_ms": compute_ms,
+            },
+            blobs,
+        )
+
+    # ------------------------------------------------------------------ loading
+
+    def op_load(self, frame: Frame) -> None:
+        h = frame.header
+        version = int(h["version"])
+        dropped: list[str] = []
+        if h.get("reimport", True):
+            dropped = loader.drop_user_modules(self._code_roots())
+        if self.staged is not None:
+            loader.release(self.staged)
+            self.staged = None
+        self.state = "loading" if self.current is None else self.state
+        mv = loader.build_version(self.spec, version, self.device)
+        self.staged = mv
+        self.send(
+            {
+                "id": h["id"],
+                "ok": True,
+                "load_s": mv.load_s,
+                "footprint_bytes": mv.footprint_bytes,
+                "reimported": len(dropped),
+                "inputs": mv.input_signature,
+                "input_form": mv.example_form,
+            }
+        )
+
+    def _code_roots(self) -> list[Any]:
+        from pathlib import Path
+
+        roots = [Path(p) for p in self.spec.get("watch", [])]
+        entry_file = self.spec["entry"].get("file")
+        if entry_file:
+            roots.append(Path(entry_file).parent)
+        return roots
+
+    def _target(self, name: str) -> ModelVersion:
+        mv = {"staged": self.staged, "current": self.current}.get(name)
+        if mv is None:
+            raise LoadError(f"no {name} version to act on")
+        return mv
+
+    def op_warm(self, frame: Frame) -> None:
+        h = frame.header
+        mv = self._target(h.get("target", "staged"))
+        if self.current is None:
+            self.state = "warming"
+        loader.warm(mv, int(h.get("iters", self.spec.get("warmup_iters", 3))))
+        self.send({"id": h["id"], "ok": True, "warm_s": mv.warm_s, "passes_ms": mv.warm_passes_ms})
+
+    def op_smoke(self, frame: Frame) -> None:
+        h = frame.header
+        mv = self._target(h.get("target", "staged"))
+        previous = (
+            self.current.output_signature if self.current and self.current is not mv else None
+        )
+        if previous is None and h.get("previous_outputs"):
+            previous = h["previous_outputs"]
+        sig = loader.smoke(
+            mv,
+            previous,
+            allow_output_change=bool(self.spec.get("allow_output_change")),
+            expected=self.spec.get("expected_output"),
+        )
+        self.send({"id": h["id"], "ok": True, "outputs": sig})
+
+    # ------------------------------------------------------------------ control (reader thread)
+
+    def op_swap(self, frame: Frame) -> None:
+        if self.staged is None:
+            raise LoadError("swap asked for but no version is staged")
+        self.retired, self.current, self.staged = self.current, self.staged, None
+        self.state = "serving"
+        self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
+
+    def op_release(self, frame: Frame) -> None:
+        which = frame.header.get("which", "retired")
+        mv = {"retired": self.retired, "staged": self.staged, "current": self.current}.get(which)
+        before = loader.allocated_bytes(self.device)
+        loader.release(mv)
+        if which == "retired":
+            self.retired = None
+        elif which == "staged":
+            self.staged = None
+        else:
+            self.current = None
+            self.state = "unloaded"
+        freed = max(0, before - loader.allocated_bytes(self.device))
+        self.send({"id": frame.header["id"], "ok": True, "freed_bytes": freed})
+
+    def op_offload(self, frame: Frame) -> None:
+        mv = self._target("current")
+        loader.offload(mv)
+        self.retired, self.current = mv, None
+        self.state = "loading"
+        self.send({"id": frame.header["id"], "ok": True})
+
+    def op_restore(self, frame: Frame) -> None:
+        if self.retired is None:
+            raise LoadError("nothing to restore")
+        loader.restore(self.retired)
+        if self.staged is not None:
+            loader.release(self.staged)
+        self.current, self.retired, self.staged = self.retired, None, None
+        self.state = "serving"
+        self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
+
+    def op_sync(self, frame: Frame) -> None:
+        h = frame.header
+        which = h.get("which", "current")
+        mv = {"retired": self.retired, "current": self.current}.get(which)
+        if self.device.type != "cuda":
+            self.send(
+                {
+                    "id": h["id"],
+                    "ok": True,
+                    "skipped": True,
+                    "reason": "CPU device: no CUDA streams",
+                }
+            )
+            return
+        from hotreload.worker.sync import sync_streams
+
+        outcome = sync_streams(mv.version if mv else None, float(h.get("deadline_s", 5.0)))
+        self.send({"id": h["id"], "ok": True, "skipped": False, **outcome})
+
+    def op_status(self, frame: Frame) -> None:
+        self.send({"id": frame.header["id"], "ok": True, **self.status()})
+
+    def status(self) -> dict[str, Any]:
+        mem = self.process.memory_info()
+        s: dict[str, Any] = {
+            "state": self.state,
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "version": self.current.version if self.current else None,
+            "current": self.current.describe() if self.current else None,
+            "staged": self.staged.version if self.staged else None,
+            "rss_bytes": mem.rss,
+            "served": self.served,
+            "failed": self.failed,
+            "busy_for_s": None if self.busy_since is None else time.monotonic() - self.busy_since,
+            "torch": torch.__version__,
+            "threads": {
+                "intra_op": torch.get_num_threads(),
+                "inter_op": torch.get_num_interop_threads(),
+            },
+            "streams": [
+                s.name for s in runtime.streams_for(self.current.version if self.current else None)
+            ],
+        }
+        if self.device.type == "cuda":
+            s["allocator"] = {
+                "allocated_bytes": int(torch.cuda.memory_allocated(self.device)),
+                "reserved_bytes": int(torch.cuda.memory_reserved(self.device)),
+                "peak_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+            }
+        return s
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> int:
+        threads = self.spec.get("threads")
+        if threads:
+            torch.set_num_threads(int(threads["intra_op"]))
+            try:
+                torch.set_num_interop_threads(int(threads["inter_op"]))
+            except RuntimeError:
+                pass  # already set by an earlier parallel op; intra-op count still applies
+        # The serving thread is this one: it reads the channel and runs each forward itself,
+        # one hand-off less per request than a reader feeding an executor. Loads, warm-ups
+        # of a staged version and smoke tests run on the loader thread; control requests
+        # (status, swap, sync, release) on a control thread, so none of them waits behind
+        # a long load, and no load ever runs on the serving path.
+        control_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.control_q = control_q
+        helpers = [
+            threading.Thread(
+                target=self._thread_loop, args=(q, name), name=f"hotreload-{name}", daemon=True
+            )
+            for q, name in ((self.load_q, "loader"), (control_q, "control"))
+        ]
+        for t in helpers:
+            t.start()
+        on_load: dict[str, Callable[[Frame], None]] = {"load": self.op_load, "smoke": self.op_smoke}
+        on_control: dict[str, Callable[[Frame], None]] = {
+            "swap": self.op_swap,
+            "release": self.op_release,
+            "offload": self.op_offload,
+            "restore": self.op_restore,
+            "sync": self.op_sync,
+            "status": self.op_status,
+            "ping": lambda f: self.send({"id": f.header["id"], "ok": True, "pid": os.getpid()}),
+        }
+        self.send(
+            {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
+        )
+        while self.running:
+            try:
+                frame = read_frame_sync(self.sock, self.max_frame)
+            except (ConnectionError, OSError):
+                break
+            op = frame.header.get("op")
+            if op == "infer" or (op == "warm" and frame.header.get("target") == "current"):
+                fn = self.op_infer if op == "infer" else self.op_warm
+                try:
+                    fn(frame)
+                except BaseException as exc:
+                    self.reply_error(frame.header.get("id"), exc)
+            elif op == "shutdown":
+                self.send({"id": frame.header.get("id"), "ok": True})
+                break
+            elif op == "warm" or op in on_load:
+                self.load_q.put((self.op_warm if op == "warm" else on_load[op], frame))
+            elif op in on_control:
+                control_q.put((on_control[op], frame))
+            else:
+                self.send(
+                    {
+                        "id": frame.header.get("id"),
+                        "ok": False,
+                        "error": {"code": "bad_request", "message": f"unknown op {op!r}"},
+                    }
+                )
+        self.load_q.put(_STOP)
+        control_q.put(_STOP)
+        return 0
+
+
+def _msg(exc: BaseException) -> str:
+    if isinstance(exc, LoadError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_worker(spec: dict[str, Any], fd: int) -> int:
+    sock = socket.socket(fileno=fd)
+    np.seterr(all="ignore")
+    try:
+        worker = Worker(spec, sock)
+    except LoadError as exc:
+        header = {"id": 0, "ok": False, "error": {"code": "model_error", "message": str(exc)}}
+        sock.sendmsg(pack_frame(header))
+        return 1
+    code = worker.run()
+    sys.stdout.flush()
+    # Exit without waiting for daemon threads stuck in a forward: the manager decided to stop.
+    os._exit(code)

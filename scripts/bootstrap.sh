@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install hotreload with the pinned CI dependencies (CPU torch 2.13.0).
+# Idempotent: re-installs only when requirements-ci.txt or pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.hotreload-deps
+want=$(cat requirements-ci.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-ci.txt
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): set up .venv if needed, lint, run the test suite on CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+.venv/bin/ruff check hotreload tests benchmarks examples
+.venv/bin/python -m pytest "$@"

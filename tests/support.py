@@ -1,0 +1,123 @@
+"""Test helpers: example projects in temp folders and `hotreload serve` in a real process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "mlp"
+
+
+def make_project(
+    tmp_path: Path, *, config: str | None = None, files: dict[str, str] | None = None
+) -> Path:
+    """Copy the example into tmp_path/proj, optionally replace the config and add files."""
+    proj = tmp_path / "proj"
+    shutil.copytree(EXAMPLE, proj, ignore=shutil.ignore_patterns("__pycache__", ".hotreload"))
+    for name, text in (files or {}).items():
+        (proj / name).write_text(text)
+    if config is not None:
+        (proj / "hotreload.toml").write_text(config)
+    return proj / "hotreload.toml"
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float = 30.0,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class ServeProcess:
+    """`python -m hotreload serve --config PATH` with its output captured line by line."""
+
+    Factory = Callable[..., "ServeProcess"]
+
+    def __init__(self, config: Path, *args: str, command: str = "serve") -> None:
+        self.config = config
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hotreload", command, "--config", str(config), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=str(config.parent),
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        def seen() -> bool:
+            if self.proc.poll() is not None and not any(text in line for line in self.lines):
+                raise AssertionError(
+                    f"serve exited with {self.proc.returncode} before {text!r}:\n{self.output}"
+                )
+            return any(text in line for line in self.lines)
+
+        wait_until(seen, timeout, what=f"{text!r} in output:\n{self.output}")
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        self.wait_for("serving ", timeout)
+
+    def worker_pids(self) -> list[int]:
+        try:
+            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._reader.join(5)
+
+    def close(self) -> None:
+        """Stop gracefully, then kill the whole process group: nothing may outlive a test."""
+        kids = self.worker_pids()
+        if self.proc.poll() is None:
+            try:
+                self.stop(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in [self.proc.pid, *kids]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

@@ -1,0 +1,54 @@
+"""One-way layers: the manager side never loads torch, textual or pynvml."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "textual", "pynvml")
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        "hotreload.engine.session, hotreload.engine.serve, hotreload.engine.host",
+        "hotreload.engine.router, hotreload.engine.endpoint, hotreload.engine.worker_proc",
+        "hotreload.client, hotreload.cli, hotreload.status_cmd",
+        "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
+    ],
+)
+def test_manager_side_imports_no_heavy_module(modules: str) -> None:
+    code = (
+        f"import sys, {modules}\n"
+        "from hotreload.cli import build_parser; build_parser()\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"{modules} pulled in: {out.stdout.strip()}"
+
+
+def test_only_the_worker_imports_torch_at_module_level() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "hotreload"
+    offenders = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            if (
+                stripped.startswith(("import torch", "from torch"))
+                and not line.startswith(" ")
+                and not rel.startswith("worker/")
+            ):
+                offenders.append(rel)
+            if stripped.startswith(("import textual", "from textual")) and not rel.startswith(
+                "tui/"
+            ):
+                offenders.append(rel)
+            if stripped.startswith(("import pynvml", "from pynvml")) and not rel.startswith("gpu/"):
+                offenders.append(rel)
+    assert offenders == []
