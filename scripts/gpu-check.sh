@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the GPU-only checks on a machine with an NVIDIA GPU, in under five minutes:
+#   1. the pytest tests marked `gpu` (NVML vs torch, busy streams, memory back to baseline);
+#   2. `hotreload doctor`, for the record;
+#   3. one real reload loop of the example model on CUDA.
+# Usage: scripts/gpu-check.sh            (from anywhere; uses .venv/bin/python if present)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no NVIDIA GPU found (nvidia-smi -L failed); nothing to check" >&2
+  exit 3
+fi
+nvidia-smi -L
+
+# Each step has its own budget; together they stay under five minutes.
+step() {
+  local budget=$1; shift
+  echo "== $* (limit ${budget}s)"
+  timeout --kill-after=10 "$budget" "$@"
+}
+
+step 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+step 30 "$PY" -m hotreload doctor || echo "gpu-check: doctor reported a FAIL (see above)"
+HOTRELOAD_DEVICE=cuda:0 step 100 "$PY" -m hotreload check \
+  --config examples/mlp/hotreload.toml --reloads 3
+echo "gpu-check: all GPU checks passed"
