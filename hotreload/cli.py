@@ -37,10 +37,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arg(p)
     p.set_defaults(func=_cmd_serve)
 
+    p = sub.add_parser("watch", help="serve the models and reload them when their files change")
+    _add_config_arg(p)
+    p.add_argument(
+        "--no-tui", action="store_true", help="print one line per event instead of the dashboard"
+    )
+    p.set_defaults(func=_cmd_watch)
+
     p = sub.add_parser("status", help="show the models of a running session")
     _add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("reload", help="ask the running session to reload a model and wait")
+    p.add_argument("model", nargs="?", help="model name (default: every model)")
+    _add_config_arg(p)
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=_cmd_reload)
 
     from hotreload.gpu import cli as gpu_cli
 
@@ -60,10 +73,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args.config)
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from hotreload.engine.watch import watch_main
+
+    return watch_main(args.config, no_tui=args.no_tui)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from hotreload.status_cmd import status_main
 
     return status_main(args.config, as_json=args.json)
+
+
+def _cmd_reload(args: argparse.Namespace) -> int:
+    from hotreload.reload_cmd import reload_main
+
+    return reload_main(args.config, args.model, as_json=args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -107,6 +107,9 @@ class Client:
         self.max_frame_bytes = max_frame_bytes
         self._local = threading.local()
         self._ids = itertools.count(1)
+        # Every thread's connection, so close() (and garbage collection) closes them all.
+        self._all: list[socket.socket] = []
+        self._all_lock = threading.Lock()
 
     def _conn(self) -> socket.socket:
         sock = getattr(self._local, "sock", None)
@@ -123,6 +126,8 @@ class Client:
                     "start one with `hotreload serve` or `hotreload watch`"
                 ) from None
             self._local.sock = sock
+            with self._all_lock:
+                self._all.append(sock)
         return sock
 
     def _drop_conn(self) -> None:
@@ -130,6 +135,8 @@ class Client:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+            with self._all_lock, contextlib.suppress(ValueError):
+                self._all.remove(sock)
         self._local.sock = None
 
     def call(self, header: dict[str, Any], blobs: list[Any] | None = None) -> Frame:
@@ -172,7 +179,16 @@ class Client:
         return bool(self.call({"op": "ping"}).header.get("ok"))
 
     def close(self) -> None:
-        self._drop_conn()
+        with self._all_lock:
+            socks, self._all = self._all, []
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._local = threading.local()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __enter__(self) -> Client:
         return self

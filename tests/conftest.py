@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,10 @@ import psutil
 import pytest
 
 from tests.support import ServeProcess, make_project
+
+# Reload locks of test sessions live in a folder of this run, not the machine-wide one, so a
+# hotreload a developer runs meanwhile neither blocks nor is blocked by the tests.
+os.environ.setdefault("HOTRELOAD_LOCK_DIR", tempfile.mkdtemp(prefix="hotreload-test-locks-"))
 
 
 def _nvidia_gpu_present() -> bool:
@@ -47,9 +52,13 @@ def serve() -> Iterator[ServeProcess.Factory]:
     started: list[ServeProcess] = []
 
     def factory(
-        config: Path, *args: str, wait_ready: bool = True, command: str = "serve"
+        config: Path,
+        *args: str,
+        wait_ready: bool = True,
+        command: str = "serve",
+        env: dict[str, str] | None = None,
     ) -> ServeProcess:
-        proc = ServeProcess(config, *args, command=command)
+        proc = ServeProcess(config, *args, command=command, env=env)
         started.append(proc)
         if wait_ready:
             proc.wait_ready()

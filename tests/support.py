@@ -31,6 +31,30 @@ def make_project(
     return proj / "hotreload.toml"
 
 
+def read_events(config: Path) -> list[dict]:
+    """The session's .hotreload/events.jsonl as a list of events."""
+    import json
+
+    path = config.parent / ".hotreload" / "events.jsonl"
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written right now
+    return events
+
+
+def count_events(config: Path, kind: str, **match: object) -> int:
+    return sum(
+        1
+        for e in read_events(config)
+        if e.get("kind") == kind and all(e.get(k) == v for k, v in match.items())
+    )
+
+
 def wait_until(
     predicate: Callable[[], object],
     timeout: float = 30.0,
@@ -51,9 +75,11 @@ class ServeProcess:
 
     Factory = Callable[..., "ServeProcess"]
 
-    def __init__(self, config: Path, *args: str, command: str = "serve") -> None:
+    def __init__(
+        self, config: Path, *args: str, command: str = "serve", env: dict[str, str] | None = None
+    ) -> None:
         self.config = config
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hotreload", command, "--config", str(config), *args],
             stdout=subprocess.PIPE,

@@ -16,6 +16,7 @@ from typing import Any
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.events import EventBus
 from hotreload.engine.router import ModelRouter
+from hotreload.engine.snapshots import Snapshot, code_paths
 from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
 from hotreload.errors import WorkerUnavailableError
 
@@ -43,6 +44,8 @@ class VersionInfo:
     warm_s: float = 0.0
     warm_passes_ms: list[float] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    input_form: str = "single"
     footprint_bytes: int = 0
 
 
@@ -77,6 +80,10 @@ class ModelHost:
         self._restart_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: Copy of the code and weights of the version serving now (None: use the disk).
+        self.good_snapshot: Snapshot | None = None
+        #: Set by the reloader while it drains or syncs: it handles a wedge there itself.
+        self.reload_phase: str | None = None
 
     @property
     def name(self) -> str:
@@ -93,9 +100,9 @@ class ModelHost:
 
     # ------------------------------------------------------------------ worker lifecycle
 
-    async def spawn_worker(self) -> WorkerProcess:
+    async def spawn_worker(self, code: dict[str, Any] | None = None) -> WorkerProcess:
         self.generation += 1
-        worker = WorkerProcess(self.model, self.config, self.generation)
+        worker = WorkerProcess(self.model, self.config, self.generation, code)
         try:
             await worker.start(self.model.deadlines.start_s)
         except (WorkerDied, WorkerReplyError) as exc:
@@ -120,7 +127,7 @@ class ModelHost:
             phase = "load"
             r = await worker.request("load", d.load_s, version=version, reimport=reimport)
             info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
-            self.router.input_form, self.router.input_signature = r["input_form"], r["inputs"]
+            info.input_form, info.inputs = r["input_form"], r["inputs"]
             phase = "warm"
             r = await worker.request(
                 "warm", d.warm_s, target="staged", iters=self.model.warmup_iters
@@ -157,24 +164,26 @@ class ModelHost:
             self.last_error = str(exc)
             raise
         self._install(worker, info)
-        self._watchdog_task = asyncio.create_task(
-            self._watch_forwards(), name=f"watchdog-{self.name}"
-        )
+        self.ensure_watchdog()
 
-    def _install(self, worker: WorkerProcess, info: VersionInfo) -> None:
+    def _install(self, worker: WorkerProcess, info: VersionInfo, *, announce: bool = True) -> None:
+        """Make `worker` serving `info` the live one and open the gate."""
         self.worker = worker
         self.router.worker = worker
         self.current = info
+        # Requests are checked against the serving version's inputs, switched at the swap.
+        self.router.input_form, self.router.input_signature = info.input_form, info.inputs
         self.set_state("serving", version=info.version)
-        self.events.emit(
-            "ready",
-            model=self.name,
-            version=info.version,
-            device=worker.device,
-            pid=worker.pid,
-            load_s=info.load_s,
-            warm_s=info.warm_s,
-        )
+        if announce:
+            self.events.emit(
+                "ready",
+                model=self.name,
+                version=info.version,
+                device=worker.device,
+                pid=worker.pid,
+                load_s=info.load_s,
+                warm_s=info.warm_s,
+            )
         self.router.open_gate()
 
     # ------------------------------------------------------------------ failure handling
@@ -199,13 +208,15 @@ class ModelHost:
         if old is not None and old.alive:
             await old.kill()
         version = self.version or 1
+        # The files on disk may hold a broken edit now: come back on the last good copy.
+        code = code_paths(self.model, self.config.root, self.good_snapshot)
         delay = 0.2
         for attempt in range(1, attempts + 1):
             if self._stopping:
                 return
             worker: WorkerProcess | None = None
             try:
-                worker = await self.spawn_worker()
+                worker = await self.spawn_worker(code)
                 info = await self.bring_up(worker, version)
             except BringUpError as exc:
                 self.last_error = f"restart {attempt}/{attempts} failed in {exc.phase}: {exc}"
@@ -228,11 +239,40 @@ class ModelHost:
             self._install(worker, info)
             return
         self.set_state("failed", error=self.last_error)
+        self.router.unavailable_reason = (
+            f"model {self.name!r} has no worker: {self.last_error}; fix the error and save, "
+            "or run `hotreload reload`"
+        )
         self.router.fail_queued(
             WorkerUnavailableError(
                 f"model {self.name!r}: worker could not be restarted: {self.last_error}"
             )
         )
+
+    async def restart_now(self, reason: str) -> None:
+        """Kill the worker and restart it on the last good version; returns when done."""
+        self.schedule_restart(reason)
+        assert self._restart_task is not None
+        await asyncio.shield(self._restart_task)
+
+    def ensure_watchdog(self) -> None:
+        if self._watchdog_task is None or self._watchdog_task.done():
+            self._watchdog_task = asyncio.create_task(
+                self._watch_forwards(), name=f"watchdog-{self.name}"
+            )
+
+    async def unload(self) -> None:
+        """Stop serving this model (repository API `unload`); a reload brings it back."""
+        self.router.close_gate()
+        await self.router.drain(self.model.deadlines.drain_s)
+        self.router.fail_queued(WorkerUnavailableError(f"model {self.name!r} was unloaded"))
+        self.router.unavailable_reason = f"model {self.name!r} is unloaded; load it to serve again"
+        worker, self.worker = self.worker, None
+        self.router.worker = None
+        if worker is not None:
+            await worker.stop(self.model.deadlines.stop_s)
+        self.current = None
+        self.set_state("unloaded")
 
     async def _watch_forwards(self, interval_s: float = 0.25) -> None:
         """Kill and respawn a worker whose oldest in-flight request exceeds forward_s."""
@@ -240,17 +280,19 @@ class ModelHost:
         while not self._stopping:
             await asyncio.sleep(min(interval_s, limit / 4))
             age = self.router.oldest_inflight_age()
+            restarting = self._restart_task is not None and not self._restart_task.done()
             if (
                 age > limit
                 and self.worker is not None
                 and self.worker.alive
-                and self.state == "serving"
+                and not restarting
+                and self.reload_phase not in ("drain", "sync")
             ):
                 self.set_state("wedged", forward_s=age)
                 self.events.emit(
                     "wedged",
                     model=self.name,
-                    phase="serve",
+                    phase=self.reload_phase or "serve",
                     detail=f"a forward has run for {age:.1f} s (limit {limit:g} s)",
                 )
                 self.schedule_restart(reason=f"forward hung for {age:.1f} s")

@@ -149,6 +149,10 @@ class ModelRouter:
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {problem}"))
             return
+        if self.unavailable_reason is not None:
+            self.counters.failed += 1
+            done(None, WorkerUnavailableError(self.unavailable_reason))
+            return
         if len(self._queue) >= self.max_queue_size:
             self.counters.rejected += 1
             done(

@@ -13,6 +13,9 @@ from hotreload.config import Config
 from hotreload.engine.endpoint import Endpoint, Reply
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import ModelHost
+from hotreload.engine.ignore import IgnoreRules
+from hotreload.engine.locks import DeviceLocks
+from hotreload.engine.reloader import Reloader, ReloadOutcome
 from hotreload.errors import BadRequestError
 from hotreload.paths import socket_path_for
 from hotreload.protocol.framing import Frame
@@ -24,10 +27,20 @@ class Session:
         self.state_dir = config.state_dir
         self.events = events or EventBus(config.state_dir / "events.jsonl")
         self.hosts = {m.name: ModelHost(m, config, self.events) for m in config.models}
+        self.locks = DeviceLocks()
+        self.reloaders = {
+            name: Reloader(
+                host,
+                self.locks,
+                ignore=self.ignore_rules(host.model.ignore),
+                snapshot_dir=config.state_dir / "good",
+            )
+            for name, host in self.hosts.items()
+        }
         self.socket_path = socket_path_for(config.path, config.socket_dir)
         self.endpoint = Endpoint(
             self.socket_path,
-            {"status": self._op_status, "ping": self._op_ping},
+            {"status": self._op_status, "ping": self._op_ping, "reload": self._op_reload},
             config.max_frame_bytes,
             fast_handlers={"infer": self._op_infer},
         )
@@ -56,7 +69,7 @@ class Session:
             models=list(self.hosts),
         )
         results = await asyncio.gather(
-            *(h.start() for h in self.hosts.values()), return_exceptions=True
+            *(r.start_host() for r in self.reloaders.values()), return_exceptions=True
         )
         errors = [
             (h, r)
@@ -78,6 +91,8 @@ class Session:
     async def stop(self) -> None:
         """Stop intake, drain and stop every worker, remove the socket."""
         self.events.emit("session_stopping")
+        for reloader in self.reloaders.values():
+            await reloader.close()
         await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
         await self.endpoint.close()
         self._remove_session_file()
@@ -104,6 +119,45 @@ class Session:
                 self._session_file().unlink()
         except (OSError, ValueError):
             pass
+
+    def ignore_rules(self, model_globs: tuple[str, ...] = ()) -> IgnoreRules:
+        """What never triggers a reload (or goes into a snapshot) for a model."""
+        return IgnoreRules(
+            (*self.config.watch.ignore, *model_globs), extra_dirs=[self.config.state_dir]
+        )
+
+    # ------------------------------------------------------------------ reloads
+
+    async def reload_model(
+        self,
+        name: str | None,
+        *,
+        trigger: str = "command",
+        detail: list[str] | None = None,
+        weights_only: bool = False,
+    ) -> ReloadOutcome:
+        """Reload one model through its serialized reloader; returns when it is done."""
+        host = self.host(name)
+        return await self.reloaders[host.name].request(trigger, detail, weights_only=weights_only)
+
+    async def reload_all(self, *, trigger: str = "command") -> list[ReloadOutcome]:
+        return list(
+            await asyncio.gather(*(self.reload_model(n, trigger=trigger) for n in self.hosts))
+        )
+
+    async def unload_model(self, name: str) -> None:
+        await self.host(name).unload()
+
+    async def _op_reload(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        name = header.get("model")
+        trigger = str(header.get("trigger") or "command")
+        if name is None and len(self.hosts) > 1:
+            outcomes = await self.reload_all(trigger=trigger)
+        else:
+            outcomes = [await self.reload_model(name, trigger=trigger)]
+        return {"ok": True, "outcomes": [o.as_dict() for o in outcomes]}, []
 
     # ------------------------------------------------------------------ client ops
 

@@ -44,9 +44,15 @@ class WorkerReplyError(HotreloadError):
         super().__init__(error.get("message", "worker error"))
 
 
-def worker_spec(model: ModelConfig, config: Config) -> dict[str, Any]:
-    """What a worker needs to know, as JSON (the worker never reads the config file)."""
-    return {
+def worker_spec(
+    model: ModelConfig, config: Config, code: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a worker needs to know, as JSON (the worker never reads the config file).
+
+    `code` overrides the path fields (root, entry, example, weights, watch), e.g. to start a
+    worker on the last good snapshot instead of the files on disk.
+    """
+    spec = {
         "name": model.name,
         "root": str(config.root),
         "entry": model.entry.to_wire(),
@@ -60,19 +66,28 @@ def worker_spec(model: ModelConfig, config: Config) -> dict[str, Any]:
             else None
         ),
         "env": dict(model.env),
-        "watch": [str(p) for p in model.watch],
         "allow_output_change": model.allow_output_change,
         "expected_output": dict(model.expected_output) if model.expected_output else None,
         "max_frame_bytes": config.max_frame_bytes,
+        "watch": [str(p) for p in model.watch],
     }
+    spec.update(code or {})
+    return spec
 
 
 class WorkerProcess:
     """One running worker. `request()` sends a frame and awaits the reply with the same id."""
 
-    def __init__(self, model: ModelConfig, config: Config, generation: int) -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        config: Config,
+        generation: int,
+        code: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.config = config
+        self.code = code
         self.generation = generation
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
@@ -93,7 +108,7 @@ class WorkerProcess:
     async def start(self, timeout_s: float) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
-        env[SPEC_ENV] = json.dumps(worker_spec(self.model, self.config))
+        env[SPEC_ENV] = json.dumps(worker_spec(self.model, self.config, self.code))
         env[FD_ENV] = str(child.fileno())
         try:
             self.proc = await asyncio.create_subprocess_exec(

@@ -163,7 +163,13 @@ def load_weights(model: Any, files: Sequence[str], device: torch.device) -> None
         if not isinstance(part, dict):
             raise LoadError(f"weights file {path} holds {type(part).__name__}, not a state dict")
         state.update(part)
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # size mismatches
+        raise LoadError(
+            f"weights do not match the model: {exc}; check that the weights file was saved "
+            "from this model's code"
+        ) from None
     problems = []
     if result.missing_keys:
         problems.append(f"missing keys: {', '.join(result.missing_keys[:8])}")

@@ -1,4 +1,4 @@
-"""The worker's request loop: a serving thread, a loader thread and a control thread.
+"""The worker's request loop: a reader, a serving thread, a loader thread, a control thread.
 
 Threads, not asyncio: torch releases the GIL inside kernels, and keeping model loads on a
 thread of their own is what stops a multi-second load from stalling requests (the failure
@@ -60,7 +60,7 @@ class Worker:
                 self.running = False
 
     def reply_error(self, rid: Any, exc: BaseException, code: str = "model_error") -> None:
-        tb = None if isinstance(exc, LoadError) else traceback.format_exc()
+        tb = None if isinstance(exc, LoadError) else user_traceback(exc)
         self.send(
             {"id": rid, "ok": False, "error": {"code": code, "message": _msg(exc), "traceback": tb}}
         )
@@ -128,14 +128,23 @@ class Worker:
     def op_load(self, frame: Frame) -> None:
         h = frame.header
         version = int(h["version"])
+        old_roots = self._code_roots()
+        if h.get("code"):
+            # The manager points the worker at other code paths: the last good snapshot after
+            # a restart, or back at the live files for the next edit.
+            self.spec.update(h["code"])
         dropped: list[str] = []
         if h.get("reimport", True):
-            dropped = loader.drop_user_modules(self._code_roots())
+            dropped = loader.drop_user_modules(old_roots + self._code_roots())
         if self.staged is not None:
             loader.release(self.staged)
             self.staged = None
         self.state = "loading" if self.current is None else self.state
+        rss_before = self.process.memory_info().rss
         mv = loader.build_version(self.spec, version, self.device)
+        if self.device.type != "cuda":
+            # No allocator on the CPU: the resident-set growth is the closest figure.
+            mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
         self.staged = mv
         self.send(
             {
@@ -193,7 +202,12 @@ class Worker:
     def op_swap(self, frame: Frame) -> None:
         if self.staged is None:
             raise LoadError("swap asked for but no version is staged")
-        self.retired, self.current, self.staged = self.current, self.staged, None
+        if self.current is not None:
+            # Under the resource policy the old version was offloaded to `retired` already.
+            if self.retired is not None:
+                loader.release(self.retired)
+            self.retired = self.current
+        self.current, self.staged = self.staged, None
         self.state = "serving"
         self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
 
@@ -274,6 +288,8 @@ class Worker:
             ],
         }
         if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            s["device_memory"] = {"free_bytes": int(free), "total_bytes": int(total)}
             s["allocator"] = {
                 "allocated_bytes": int(torch.cuda.memory_allocated(self.device)),
                 "reserved_bytes": int(torch.cuda.memory_reserved(self.device)),
@@ -291,30 +307,29 @@ class Worker:
                 torch.set_num_interop_threads(int(threads["inter_op"]))
             except RuntimeError:
                 pass  # already set by an earlier parallel op; intra-op count still applies
-        # The serving thread is this one: it reads the channel and runs each forward itself,
-        # one hand-off less per request than a reader feeding an executor. Loads, warm-ups
-        # of a staged version and smoke tests run on the loader thread; control requests
-        # (status, swap, sync, release) on a control thread, so none of them waits behind
-        # a long load, and no load ever runs on the serving path.
+        # A reader (this thread) hands each frame to the thread that owns it: forwards to the
+        # serving thread, loads, staged warm-ups and smoke tests to the loader thread, control
+        # requests (status, swap, sync, release) to the control thread. So no load ever runs
+        # on the serving path, and a forward stuck in a kernel still lets status and a reload
+        # through (the manager then decides to kill this process).
+        serve_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         control_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.control_q = control_q
-        helpers = [
+        queues = {"serve": serve_q, "loader": self.load_q, "control": control_q}
+        for name, q in queues.items():
             threading.Thread(
                 target=self._thread_loop, args=(q, name), name=f"hotreload-{name}", daemon=True
-            )
-            for q, name in ((self.load_q, "loader"), (control_q, "control"))
-        ]
-        for t in helpers:
-            t.start()
-        on_load: dict[str, Callable[[Frame], None]] = {"load": self.op_load, "smoke": self.op_smoke}
-        on_control: dict[str, Callable[[Frame], None]] = {
-            "swap": self.op_swap,
-            "release": self.op_release,
-            "offload": self.op_offload,
-            "restore": self.op_restore,
-            "sync": self.op_sync,
-            "status": self.op_status,
-            "ping": lambda f: self.send({"id": f.header["id"], "ok": True, "pid": os.getpid()}),
+            ).start()
+        routes: dict[str, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
+            "infer": (serve_q, self.op_infer),
+            "load": (self.load_q, self.op_load),
+            "smoke": (self.load_q, self.op_smoke),
+            "swap": (control_q, self.op_swap),
+            "release": (control_q, self.op_release),
+            "offload": (control_q, self.op_offload),
+            "restore": (control_q, self.op_restore),
+            "sync": (control_q, self.op_sync),
+            "status": (control_q, self.op_status),
+            "ping": (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
         }
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
@@ -325,19 +340,16 @@ class Worker:
             except (ConnectionError, OSError):
                 break
             op = frame.header.get("op")
-            if op == "infer" or (op == "warm" and frame.header.get("target") == "current"):
-                fn = self.op_infer if op == "infer" else self.op_warm
-                try:
-                    fn(frame)
-                except BaseException as exc:
-                    self.reply_error(frame.header.get("id"), exc)
-            elif op == "shutdown":
+            if op == "shutdown":
                 self.send({"id": frame.header.get("id"), "ok": True})
                 break
-            elif op == "warm" or op in on_load:
-                self.load_q.put((self.op_warm if op == "warm" else on_load[op], frame))
-            elif op in on_control:
-                control_q.put((on_control[op], frame))
+            if op == "warm":
+                # Re-warming the serving version shares its thread; a staged one, the loader's.
+                current = frame.header.get("target") == "current"
+                (serve_q if current else self.load_q).put((self.op_warm, frame))
+            elif op in routes:
+                q, fn = routes[op]
+                q.put((fn, frame))
             else:
                 self.send(
                     {
@@ -346,9 +358,21 @@ class Worker:
                         "error": {"code": "bad_request", "message": f"unknown op {op!r}"},
                     }
                 )
-        self.load_q.put(_STOP)
-        control_q.put(_STOP)
+        for q in queues.values():
+            q.put(_STOP)
         return 0
+
+
+_INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<frozen importlib")
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback without hotreload's and importlib's own frames: the user's code first."""
+    te = traceback.TracebackException.from_exception(exc)
+    frames = [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
+    if frames:
+        te.stack = traceback.StackSummary.from_list(frames)
+    return "".join(te.format())
 
 
 def _msg(exc: BaseException) -> str:

@@ -1,0 +1,604 @@
+"""The reload protocol, one reloader per model: every phase timed, evented and bounded.
+
+availability (load before unload):
+    load -> warm -> smoke (old version keeps serving) -> gate -> drain -> sync -> swap
+    -> resume -> release
+resource (unload first, for models that cannot co-reside):
+    gate -> drain -> sync -> release (offload the old version, kept to restore) -> load
+    -> warm -> smoke -> swap -> resume
+auto: availability when free memory covers the last measured footprint with margin.
+
+Strategies: `inplace` re-imports the user's code in the same worker; `respawn` builds the new
+version in a fresh worker process (a fresh CUDA context: no stale streams at all).
+
+A failure in load, warm or smoke leaves the old version serving (or restores it). A drain or
+sync past its deadline means a wedged worker: it is killed and restarted on the last good
+snapshot. Reloads are serialized per device (see locks.py); requests made while one runs
+collapse into a single follow-up reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from hotreload.engine.host import ModelHost, VersionInfo
+from hotreload.engine.ignore import IgnoreRules
+from hotreload.engine.locks import DeviceLocks
+from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, code_paths, take_snapshot
+from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+
+T = TypeVar("T")
+MIB = 2**20
+#: Headroom `auto` wants above the new version's footprint before it loads next to the old.
+AUTO_MARGIN_BYTES = 256 * MIB
+AUTO_MARGIN_RATIO = 0.2
+
+
+@dataclass
+class ReloadOutcome:
+    """What happened to one reload (also the reply to `hotreload reload` and HTTP load)."""
+
+    model: str
+    ok: bool
+    #: The version serving after the reload (the old one when it failed).
+    version: int
+    trigger: str
+    policy: str = ""
+    strategy: str = ""
+    #: The phase that failed, or None.
+    phase: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    #: Seconds per phase, in the order they ran.
+    phases: dict[str, float] = field(default_factory=dict)
+    total_s: float = 0.0
+    detail: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class PhaseFailed(Exception):
+    def __init__(self, phase: str, message: str, remote_traceback: str | None = None) -> None:
+        self.phase = phase
+        self.remote_traceback = remote_traceback
+        super().__init__(message)
+
+
+class Wedged(PhaseFailed):
+    """Drain or sync past its deadline: the worker must be killed."""
+
+
+@dataclass
+class _Job:
+    trigger: str
+    detail: list[str]
+    weights_only: bool
+    future: asyncio.Future[ReloadOutcome]
+
+    def merge(self, trigger: str, detail: list[str], weights_only: bool) -> None:
+        if trigger not in self.trigger.split("+"):
+            self.trigger += "+" + trigger
+        self.detail += [d for d in detail if d not in self.detail]
+        # One code change among the edits means the code must be re-imported.
+        self.weights_only = self.weights_only and weights_only
+
+
+class Reloader:
+    def __init__(
+        self,
+        host: ModelHost,
+        locks: DeviceLocks,
+        *,
+        ignore: IgnoreRules | None = None,
+        snapshot_dir: Path | None = None,
+    ) -> None:
+        self.host = host
+        self.locks = locks
+        self.events = host.events
+        self.ignore = ignore or IgnoreRules()
+        self.snapshot_dir = snapshot_dir
+        self.history: list[ReloadOutcome] = []
+        self._running: _Job | None = None
+        self._pending: _Job | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    # ------------------------------------------------------------------ queueing
+
+    async def request(
+        self, trigger: str, detail: list[str] | None = None, *, weights_only: bool = False
+    ) -> ReloadOutcome:
+        """Ask for a reload and wait for its outcome. While one runs, requests collapse into
+        exactly one follow-up reload (with the newest files), whose outcome they all get."""
+        detail = list(detail or [])
+        self.events.emit(
+            "reload_requested",
+            model=self.host.name,
+            trigger=trigger,
+            detail=", ".join(detail) or None,
+            queued=self._running is not None,
+        )
+        if self._running is None:
+            job = _Job(trigger, detail, weights_only, asyncio.get_running_loop().create_future())
+            self._running = job
+            self._task = asyncio.create_task(self._drive(job), name=f"reload-{self.host.name}")
+            return await asyncio.shield(job.future)
+        if self._pending is None:
+            loop = asyncio.get_running_loop()
+            self._pending = _Job(trigger, detail, weights_only, loop.create_future())
+        else:
+            self._pending.merge(trigger, detail, weights_only)
+        return await asyncio.shield(self._pending.future)
+
+    async def _drive(self, job: _Job | None) -> None:
+        while job is not None:
+            try:
+                outcome = await self._execute(job)
+            except Exception as exc:
+                outcome = ReloadOutcome(
+                    self.host.name, False, self.host.version, job.trigger, error=repr(exc)
+                )
+            self.history.append(outcome)
+            if not job.future.done():
+                job.future.set_result(outcome)
+            job, self._pending = self._pending, None
+            self._running = job
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    # ------------------------------------------------------------------ one reload
+
+    async def _execute(self, job: _Job) -> ReloadOutcome:
+        host = self.host
+        started = time.monotonic()
+        outcome = ReloadOutcome(
+            host.name,
+            False,
+            host.version,
+            job.trigger,
+            detail=job.detail,
+            strategy=host.model.strategy,
+        )
+        device = (host.worker.device if host.worker else None) or host.model.device
+        key = "cpu" if device in ("cpu", "auto") else device
+        waited_note: list[str] = []
+        async with self.locks.hold(key, on_wait=waited_note.append) as waited:
+            if waited > 0.005:
+                outcome.phases["lock"] = waited
+                self.events.emit(
+                    "phase_end",
+                    model=host.name,
+                    phase="lock",
+                    duration_s=waited,
+                    ok=True,
+                    detail=waited_note[0] if waited_note else None,
+                )
+            cold = host.worker is None or not host.worker.alive or host.current is None
+            if cold:
+                outcome.policy = "start"
+            else:
+                outcome.policy, reason = await self._choose_policy()
+                self.events.emit("policy", model=host.name, policy=outcome.policy, reason=reason)
+            candidate = await self._candidate_snapshot(host.version + 1)
+            try:
+                if cold:
+                    await self._cold_start(job, outcome, candidate)
+                elif host.model.strategy == "respawn":
+                    await self._respawn(job, outcome, candidate)
+                elif outcome.policy == "availability":
+                    await self._inplace_availability(job, outcome)
+                else:
+                    await self._inplace_resource(job, outcome)
+            except PhaseFailed as exc:
+                outcome.phase, outcome.error = exc.phase, str(exc)
+                outcome.traceback = exc.remote_traceback
+                if isinstance(exc, Wedged):
+                    await self._recover_wedge(exc, outcome)
+                elif host.state not in ("failed", "unloaded"):
+                    host.set_state("serving", version=host.version)
+            finally:
+                host.reload_phase = None
+            outcome.version = host.version
+            if outcome.phase is None:
+                outcome.ok = True
+                self._promote(candidate)
+            elif candidate is not None and candidate is not host.good_snapshot:
+                await asyncio.to_thread(_remove, candidate.folder)
+        outcome.total_s = time.monotonic() - started
+        host.last_error = outcome.error if not outcome.ok else None
+        if outcome.ok:
+            self.events.emit(
+                "reload_done",
+                model=host.name,
+                version=outcome.version,
+                total_s=outcome.total_s,
+                policy=outcome.policy,
+                strategy=outcome.strategy,
+                phases=outcome.phases,
+                trigger=outcome.trigger,
+            )
+        else:
+            self.events.emit(
+                "reload_failed",
+                model=host.name,
+                version=outcome.version,
+                phase=outcome.phase,
+                error=outcome.error,
+                traceback=outcome.traceback,
+                phases=outcome.phases,
+                trigger=outcome.trigger,
+            )
+        return outcome
+
+    async def _phase(
+        self,
+        name: str,
+        outcome: ReloadOutcome,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        deadline_s: float | None = None,
+        state: str | None = None,
+    ) -> T:
+        """Run one phase: timed, evented; errors become PhaseFailed naming the phase."""
+        host = self.host
+        host.reload_phase = name
+        if state:
+            host.set_state(state)
+        self.events.emit("phase_start", model=host.name, phase=name)
+        t0 = time.monotonic()
+        detail: str | None = None
+        ok = True
+        skipped = False
+        try:
+            result = await (asyncio.wait_for(fn(), deadline_s) if deadline_s else fn())
+            if isinstance(result, dict):
+                skipped = bool(result.get("skipped"))
+                detail = result.get("detail") or result.get("reason")
+            return result
+        except PhaseFailed as exc:
+            ok, detail = False, str(exc)
+            raise
+        except WorkerReplyError as exc:
+            ok, detail = False, str(exc)
+            raise PhaseFailed(name, str(exc), exc.remote_traceback) from exc
+        except TimeoutError:
+            ok = False
+            detail = f"{name} did not finish within its {deadline_s:g} s deadline"
+            raise PhaseFailed(name, detail) from None
+        except WorkerDied as exc:
+            ok, detail = False, f"worker died during {name}: {exc}"
+            raise PhaseFailed(name, detail) from exc
+        finally:
+            duration = time.monotonic() - t0
+            outcome.phases[name] = duration
+            self.events.emit(
+                "phase_end",
+                model=host.name,
+                phase=name,
+                duration_s=duration,
+                ok=ok,
+                skipped=skipped,
+                detail=detail,
+            )
+
+    # ------------------------------------------------------------------ policies
+
+    async def _choose_policy(self) -> tuple[str, str]:
+        host = self.host
+        configured = host.model.policy
+        if configured != "auto":
+            return configured, "set in the config"
+        need = host.current.footprint_bytes if host.current else 0
+        status = await host.worker_status()
+        memory = status.get("device_memory")
+        if memory:
+            free, where = int(memory["free_bytes"]), f"{host.worker.device if host.worker else ''}"
+        else:
+            free, where = psutil.virtual_memory().available, "host RAM"
+        margin = max(AUTO_MARGIN_BYTES, int(need * AUTO_MARGIN_RATIO))
+        figures = f"{free / MIB:.0f} MiB free on {where}, last version used {need / MIB:.0f} MiB"
+        if free >= need + margin:
+            return "availability", f"auto: {figures}: load next to the old version"
+        return "resource", f"auto: {figures} (+{margin / MIB:.0f} MiB margin): unload first"
+
+    def _load_fields(self, job: _Job) -> dict[str, Any]:
+        # Always load from the live files: a worker restarted on a snapshot goes back to them.
+        return {
+            "reimport": not job.weights_only,
+            "code": code_paths(self.host.model, self.host.config.root),
+        }
+
+    async def _load_warm_smoke(
+        self, worker: WorkerProcess, version: int, job: _Job, outcome: ReloadOutcome, *, cold: bool
+    ) -> VersionInfo:
+        d = self.host.model.deadlines
+        info = VersionInfo(version=version)
+        previous = self.host.current.outputs if self.host.current else None
+
+        async def load() -> dict[str, Any]:
+            r = await worker.request("load", None, version=version, **self._load_fields(job))
+            info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
+            info.inputs, info.input_form = r["inputs"], r["input_form"]
+            what = (
+                "weights only"
+                if job.weights_only
+                else f"{r.get('reimported', 0)} module(s) re-imported"
+            )
+            return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB"}
+
+        async def warm() -> dict[str, Any]:
+            r = await worker.request(
+                "warm", None, target="staged", iters=self.host.model.warmup_iters
+            )
+            info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
+            passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
+            return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms"}
+
+        async def smoke() -> dict[str, Any]:
+            r = await worker.request("smoke", None, target="staged", previous_outputs=previous)
+            info.outputs = r["outputs"]
+            sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
+            return {"detail": sig}
+
+        state_load = "loading" if cold or self.host.router.gate_open is False else "reloading"
+        await self._phase("load", outcome, load, deadline_s=d.load_s, state=state_load)
+        await self._phase(
+            "warm", outcome, warm, deadline_s=d.warm_s, state="warming" if cold else None
+        )
+        await self._phase("smoke", outcome, smoke, deadline_s=d.smoke_s)
+        return info
+
+    async def _gate_drain_sync(self, worker: WorkerProcess, outcome: ReloadOutcome) -> None:
+        host, d = self.host, self.host.model.deadlines
+
+        async def gate() -> None:
+            host.router.close_gate()
+
+        async def drain() -> dict[str, Any]:
+            n = host.router.inflight
+            if not await host.router.drain(d.drain_s):
+                raise Wedged(
+                    "drain",
+                    f"{host.router.inflight} request(s) still running after the {d.drain_s:g} s "
+                    "drain deadline: a forward is hung",
+                )
+            return {"detail": f"{n} in flight, {host.router.depth} waiting in the queue"}
+
+        async def sync() -> dict[str, Any]:
+            r = await worker.request("sync", d.sync_s + 5.0, which="current", deadline_s=d.sync_s)
+            if r.get("skipped"):
+                return {"skipped": True, "reason": r.get("reason")}
+            if not r.get("idle"):
+                busy = ", ".join(r.get("busy") or []) or "?"
+                raise Wedged(
+                    "sync", f"stream(s) still busy after the {d.sync_s:g} s sync deadline: {busy}"
+                )
+            n, ms = len(r.get("streams", [])), r["waited_s"] * 1000
+            return {"detail": f"{n} stream(s) idle in {ms:.1f} ms"}
+
+        await self._phase("gate", outcome, gate, state="draining")
+        await self._phase("drain", outcome, drain)
+        await self._phase("sync", outcome, sync)
+
+    async def _resume(self, outcome: ReloadOutcome) -> None:
+        async def resume() -> None:
+            self.host.router.open_gate()
+            self.host.set_state("serving", version=self.host.version)
+
+        await self._phase("resume", outcome, resume)
+
+    async def _inplace_availability(self, job: _Job, outcome: ReloadOutcome) -> None:
+        host = self.host
+        worker = host.worker
+        assert worker is not None
+        version = host.version + 1
+        try:
+            info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
+        except PhaseFailed:
+            with contextlib.suppress(Exception):
+                await worker.request("release", 30.0, which="staged")
+            raise
+        await self._gate_drain_sync(worker, outcome)
+
+        async def swap() -> None:
+            await worker.request("swap", 30.0)
+            host.current = info
+            host.router.input_form, host.router.input_signature = info.input_form, info.inputs
+
+        await self._phase("swap", outcome, swap)
+        await self._resume(outcome)
+
+        async def release() -> dict[str, Any]:
+            r = await worker.request("release", host.model.deadlines.stop_s, which="retired")
+            return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
+
+        await self._phase("release", outcome, release)
+
+    async def _inplace_resource(self, job: _Job, outcome: ReloadOutcome) -> None:
+        host = self.host
+        worker = host.worker
+        assert worker is not None
+        version = host.version + 1
+        await self._gate_drain_sync(worker, outcome)
+
+        async def release() -> dict[str, Any]:
+            await worker.request("offload", host.model.deadlines.stop_s)
+            return {"detail": "old version moved to host memory (kept to restore on failure)"}
+
+        await self._phase("release", outcome, release)
+        try:
+            info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
+        except PhaseFailed:
+            # Put the old version back and serve again; the error is still reported.
+            await worker.request("restore", host.model.deadlines.load_s)
+            host.router.open_gate()
+            raise
+
+        async def swap() -> None:
+            await worker.request("swap", 30.0)
+            await worker.request("release", host.model.deadlines.stop_s, which="retired")
+            host.current = info
+            host.router.input_form, host.router.input_signature = info.input_form, info.inputs
+
+        await self._phase("swap", outcome, swap)
+        await self._resume(outcome)
+
+    async def _spawn_and_build(
+        self, job: _Job, outcome: ReloadOutcome, version: int, *, cold: bool
+    ) -> tuple[WorkerProcess, VersionInfo]:
+        host = self.host
+        box: list[WorkerProcess] = []
+
+        async def spawn() -> dict[str, Any]:
+            worker = await host.spawn_worker(code_paths(host.model, host.config.root))
+            box.append(worker)
+            return {"detail": f"worker pid {worker.pid}"}
+
+        try:
+            await self._phase("spawn", outcome, spawn, deadline_s=host.model.deadlines.start_s)
+            info = await self._load_warm_smoke(box[0], version, job, outcome, cold=cold)
+            await box[0].request("swap", 30.0)  # the new worker's own staged -> current
+        except (PhaseFailed, WorkerReplyError, WorkerDied, TimeoutError) as exc:
+            if box:
+                await box[0].kill()
+            if isinstance(exc, PhaseFailed):
+                raise
+            raise PhaseFailed("swap", f"new worker failed to switch: {exc}") from exc
+        except Exception as exc:
+            if box:
+                await box[0].kill()
+            raise PhaseFailed("spawn", str(exc)) from exc
+        return box[0], info
+
+    async def _respawn(self, job: _Job, outcome: ReloadOutcome, candidate: Snapshot | None) -> None:
+        host = self.host
+        old = host.worker
+        assert old is not None
+        version = host.version + 1
+        resource = outcome.policy == "resource"
+        if resource:
+            await self._gate_drain_sync(old, outcome)
+
+            async def offload() -> dict[str, Any]:
+                await old.request("offload", host.model.deadlines.stop_s)
+                return {"detail": "old worker's version moved to host memory"}
+
+            await self._phase("release", outcome, offload)
+            try:
+                new, info = await self._spawn_and_build(job, outcome, version, cold=False)
+            except PhaseFailed:
+                await old.request("restore", host.model.deadlines.load_s)
+                host.router.open_gate()
+                raise
+        old_wedged = False
+        if not resource:
+            new, info = await self._spawn_and_build(job, outcome, version, cold=False)
+            try:
+                await self._gate_drain_sync(old, outcome)
+            except Wedged as exc:
+                old_wedged = True
+                # The new worker is ready: abandon the wedged old one instead of rolling back.
+                self.events.emit(
+                    "wedged", model=host.name, phase=exc.phase, detail=f"{exc}; old worker killed"
+                )
+                outcome.detail.append(f"old worker wedged in {exc.phase}: killed")
+
+        async def swap() -> None:
+            host.worker = new
+            host._install(new, info, announce=False)
+            host.router.close_gate()  # reopened by resume
+
+        await self._phase("swap", outcome, swap)
+        await self._resume(outcome)
+
+        async def release() -> dict[str, Any]:
+            # In-flight requests of a killed old worker are retried on the new one.
+            if old_wedged:
+                await old.kill()
+                return {"detail": f"old worker pid {old.pid} killed (wedged)"}
+            await old.stop(host.model.deadlines.stop_s)
+            return {"detail": f"old worker pid {old.pid} stopped"}
+
+        await self._phase("release", outcome, release)
+
+    async def _cold_start(
+        self, job: _Job, outcome: ReloadOutcome, candidate: Snapshot | None
+    ) -> None:
+        """No live worker (first start failed, unloaded, or restarts gave up): start one."""
+        host = self.host
+        version = host.version + 1
+        if host.worker is not None and not host.worker.alive:
+            await host.worker.kill()
+        new, info = await self._spawn_and_build(job, outcome, version, cold=True)
+        host._install(new, info, announce=False)
+        host.ensure_watchdog()
+
+    async def _recover_wedge(self, exc: PhaseFailed, outcome: ReloadOutcome) -> None:
+        host = self.host
+        self.events.emit("wedged", model=host.name, phase=exc.phase, detail=str(exc))
+        host.set_state("wedged", phase=exc.phase)
+        # cudaStreamSynchronize may never return: only killing the process gets out.
+        await host.restart_now(reason=f"wedged in {exc.phase}")
+        outcome.error = (
+            f"{exc}; the worker was killed and restarted with v{host.version}"
+            if host.state == "serving"
+            else f"{exc}; the worker was killed and could not be restarted: {host.last_error}"
+        )
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def start_host(self) -> None:
+        """First start of the model, with the snapshot a later restart falls back to."""
+        candidate = await self._candidate_snapshot(1)
+        try:
+            await self.host.start()
+        except BaseException:
+            if candidate is not None:
+                await asyncio.to_thread(_remove, candidate.folder)
+            raise
+        self._promote(candidate)
+
+    async def _candidate_snapshot(self, version: int) -> Snapshot | None:
+        if self.snapshot_dir is None:
+            return None
+        base = self.snapshot_dir / self.host.name
+        try:
+            return await asyncio.to_thread(
+                take_snapshot, base, self.host.model, version, self.ignore
+            )
+        except (OSError, SnapshotTooLarge) as exc:
+            self.events.emit(
+                "snapshot_skipped",
+                model=self.host.name,
+                reason=f"{exc}; a restart will load the files on disk",
+            )
+            return None
+
+    def _promote(self, candidate: Snapshot | None) -> None:
+        old = self.host.good_snapshot
+        self.host.good_snapshot = candidate
+        if old is not None and candidate is not None and old.folder != candidate.folder:
+            _remove(old.folder)
+
+
+def _remove(folder: Path) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)

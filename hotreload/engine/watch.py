@@ -1,0 +1,93 @@
+"""`hotreload watch`: serve every model and reload it when its files change.
+
+Plain mode (`--no-tui`, or stdout not a terminal) prints one line per phase and outcome;
+the dashboard subscribes to the same event stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from hotreload.config import Config, load_config
+from hotreload.engine.host import BringUpError
+from hotreload.engine.printer import PlainPrinter
+from hotreload.engine.serve import install_stop_signals
+from hotreload.engine.session import Session
+from hotreload.engine.watcher import Change, FileWatcher
+from hotreload.errors import ConfigError, HotreloadError
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+
+
+class WatchSession:
+    """A Session plus its file watcher: what both the plain printer and the dashboard drive."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.session = Session(config)
+        self.watcher = FileWatcher(
+            config,
+            self._on_change,
+            self.session.events,
+            rules_for=lambda m: self.session.ignore_rules(m.ignore),
+        )
+
+    async def _on_change(self, change: Change) -> None:
+        root = self.config.root
+        shown = [_rel(p, root) for p in change.paths]
+        await self.session.reload_model(
+            change.model, trigger="file", detail=shown, weights_only=change.weights_only
+        )
+
+    async def start(self) -> None:
+        await self.session.start()
+        await self.watcher.start()
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+        await self.session.stop()
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+async def _watch_plain(config: Config) -> int:
+    ws = WatchSession(config)
+    ws.session.events.subscribe(PlainPrinter())
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        try:
+            await ws.start()
+        except BringUpError:
+            return EXIT_FAILURE
+        print(
+            f"serving {len(ws.session.hosts)} model(s) on {ws.session.socket_path}; "
+            "edit a file to reload - Ctrl-C to stop",
+            flush=True,
+        )
+        await stop.wait()
+        print("stopping: draining requests and stopping workers...", flush=True)
+        return EXIT_OK
+    finally:
+        await ws.stop()
+        print("stopped", flush=True)
+
+
+def watch_main(config_path: str | None, *, no_tui: bool = False, **_: Any) -> int:
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"hotreload: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(_watch_plain(config))
+    except HotreloadError as exc:
+        print(f"hotreload: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT

@@ -1,0 +1,310 @@
+"""File watching: editor saves in, one reload request per affected model out.
+
+Folders are watched recursively (editors replace files, so a watch on a file is lost after
+the first save). A burst of events is coalesced by a quiet window and capped by a maximum
+window, like watchfiles' 50 ms step and 1.6 s cap. Content hashes decide whether anything
+changed: a touch, or a save that writes the same bytes, reloads nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.polling import PollingObserver
+
+from hotreload.config import Config, ModelConfig
+from hotreload.engine.events import EventBus
+from hotreload.engine.ignore import IgnoreRules
+
+INOTIFY_ADVICE = (
+    "raise the limit (sudo sysctl fs.inotify.max_user_watches=524288; add it to "
+    "/etc/sysctl.conf to keep it), narrow the models' `watch` paths, or set "
+    "`[watch] poll = true`; falling back to polling now"
+)
+
+
+@dataclass
+class Change:
+    """What one flush found for one model."""
+
+    model: str
+    paths: list[Path] = field(default_factory=list)
+    #: True when every changed file is one of the model's weights files.
+    weights_only: bool = True
+
+
+OnChange = Callable[[Change], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class _Fingerprint:
+    size: int
+    mtime_ns: int
+    digest: str
+
+
+def _fingerprint(path: Path) -> _Fingerprint | None:
+    try:
+        st = path.stat()
+        if not path.is_file():
+            return None
+        with path.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+    return _Fingerprint(st.st_size, st.st_mtime_ns, digest)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: Callable[[str], None]) -> None:
+        self.loop = loop
+        self.sink = sink
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return
+        paths = [event.src_path]
+        if event.event_type == "moved":
+            # The destination is the edit (an atomic save renames a temp file over it).
+            paths.append(event.dest_path)
+        for p in paths:
+            text = os.fsdecode(p)
+            try:
+                self.loop.call_soon_threadsafe(self.sink, text)
+            except RuntimeError:
+                return  # the loop is closed: shutting down
+
+
+class FileWatcher:
+    def __init__(
+        self,
+        config: Config,
+        on_change: OnChange,
+        events: EventBus,
+        *,
+        rules_for: Callable[[ModelConfig], IgnoreRules],
+        quiet_s: float | None = None,
+        max_wait_s: float | None = None,
+        poll: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.on_change = on_change
+        self.events = events
+        self.quiet_s = config.watch.quiet_ms / 1000 if quiet_s is None else quiet_s
+        self.max_wait_s = config.watch.max_wait_ms / 1000 if max_wait_s is None else max_wait_s
+        self.poll = config.watch.poll if poll is None else poll
+        self.rules = {m.name: rules_for(m) for m in config.models}
+        self.paused = False
+        self._observer: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[Path] = set()
+        self._first_at: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._baseline: dict[Path, _Fingerprint | None] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.flushes = 0
+
+    # ------------------------------------------------------------------ what to watch
+
+    def roots(self) -> list[Path]:
+        """Folders to watch recursively: model watch paths, plus folders of outside weights."""
+        folders: set[Path] = set()
+        for m in self.config.models:
+            folders.update(p if p.is_dir() else p.parent for p in m.watch)
+            folders.update(w.parent for w in m.weights)
+        # A folder inside another watched one is covered already.
+        return sorted(f for f in folders if not any(o != f and o in f.parents for o in folders))
+
+    def models_for(self, path: Path) -> list[tuple[ModelConfig, bool]]:
+        """(model, is_weights) for each model this path belongs to."""
+        hits = []
+        for m in self.config.models:
+            if path in m.weights:
+                hits.append((m, True))
+                continue
+            for root in m.watch:
+                if (path == root or root in path.parents) and not self.rules[m.name].ignored(
+                    path, root
+                ):
+                    hits.append((m, False))
+                    break
+        return hits
+
+    def _tracked_files(self) -> Iterable[Path]:
+        for m in self.config.models:
+            yield from m.weights
+            for root in m.watch:
+                if root.is_file():
+                    yield root
+                    continue
+                for dirpath, dirnames, filenames in os.walk(root, onerror=self._walk_error):
+                    here = Path(dirpath)
+                    dirnames[:] = [
+                        d for d in dirnames if not self.rules[m.name].ignored(here / d / "x", root)
+                    ]
+                    for name in filenames:
+                        p = here / name
+                        if not self.rules[m.name].ignored(p, root):
+                            yield p
+
+    def _walk_error(self, exc: OSError) -> None:
+        self._emit_threadsafe(
+            "watch_error",
+            error=f"cannot read folder {exc.filename}: {exc.strerror}; fix its permissions or "
+            "remove it from the model's `watch` paths",
+        )
+
+    def _emit_threadsafe(self, kind: str, **fields: Any) -> None:
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(lambda: self.events.emit(kind, **fields))
+        else:
+            self.events.emit(kind, **fields)
+
+    def _take_baseline(self) -> dict[Path, _Fingerprint | None]:
+        return {p: _fingerprint(p) for p in set(self._tracked_files())}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._baseline = await asyncio.to_thread(self._take_baseline)
+        handler = _Handler(self._loop, self._on_event)
+        roots = [r for r in self.roots() if self._readable(r)]
+        if not self.poll:
+            try:
+                self._observer = self._start_observer(Observer(), handler, roots)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EMFILE):
+                    self.events.emit(
+                        "watch_error",
+                        error=f"inotify watch limit reached ({exc}); {INOTIFY_ADVICE}",
+                    )
+                else:
+                    self.events.emit(
+                        "watch_error", error=f"cannot watch with inotify ({exc}); polling instead"
+                    )
+                self.poll = True
+        if self.poll:
+            interval = self.config.watch.poll_interval_ms / 1000
+            self._observer = self._start_observer(PollingObserver(timeout=interval), handler, roots)
+        self.events.emit(
+            "watching",
+            paths=[str(r) for r in roots],
+            files=len(self._baseline),
+            quiet_ms=round(self.quiet_s * 1000),
+            max_wait_ms=round(self.max_wait_s * 1000),
+            mode="polling" if self.poll else "inotify",
+        )
+
+    def _readable(self, root: Path) -> bool:
+        if os.access(root, os.R_OK | os.X_OK):
+            return True
+        self.events.emit(
+            "watch_error",
+            error=f"cannot read folder {root}: permission denied; fix its permissions or remove "
+            "it from the model's `watch` paths (it is not watched)",
+        )
+        return False
+
+    @staticmethod
+    def _start_observer(observer: Any, handler: _Handler, roots: list[Path]) -> Any:
+        try:
+            for root in roots:
+                observer.schedule(handler, str(root), recursive=True)
+            observer.start()
+        except BaseException:
+            try:
+                observer.stop()
+            except Exception:
+                pass
+            raise
+        return observer
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._observer is not None:
+            observer, self._observer = self._observer, None
+            observer.stop()
+            await asyncio.to_thread(observer.join, 5.0)
+        for task in list(self._tasks):
+            task.cancel()
+
+    def pause(self) -> None:
+        self.paused = True
+        self._pending.clear()
+        self.events.emit("watch_paused")
+
+    async def resume(self) -> None:
+        # Edits made while paused become the new baseline: they apply on the next save.
+        self._baseline = await asyncio.to_thread(self._take_baseline)
+        self.paused = False
+        self.events.emit("watch_resumed")
+
+    # ------------------------------------------------------------------ coalescing
+
+    def _on_event(self, text: str) -> None:
+        if self.paused or self._loop is None:
+            return
+        path = Path(text)
+        if not self.models_for(path):
+            return
+        now = time.monotonic()
+        if self._first_at is None:
+            self._first_at = now
+        self._pending.add(path)
+        if self._timer is not None:
+            self._timer.cancel()
+        due = min(now + self.quiet_s, self._first_at + self.max_wait_s)
+        self._timer = self._loop.call_at(self._loop.time() + (due - now), self._flush)
+
+    def _flush(self) -> None:
+        paths, self._pending = self._pending, set()
+        self._first_at, self._timer = None, None
+        if paths:
+            task = asyncio.get_running_loop().create_task(self._dispatch(paths))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _diff(self, paths: set[Path]) -> list[Path]:
+        """Paths whose content differs from the last seen (deleted counts as changed)."""
+        changed = []
+        for p in sorted(paths):
+            old = self._baseline.get(p)
+            try:
+                st = p.stat()
+                same_stat = (
+                    old is not None and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns
+                )
+            except OSError:
+                same_stat = False
+            if same_stat:
+                continue
+            new = _fingerprint(p)
+            self._baseline[p] = new
+            if (old.digest if old else None) != (new.digest if new else None):
+                changed.append(p)
+        return changed
+
+    async def _dispatch(self, paths: set[Path]) -> None:
+        changed = await asyncio.to_thread(self._diff, paths)
+        self.flushes += 1
+        if not changed:
+            return
+        per_model: dict[str, Change] = {}
+        for p in changed:
+            for model, is_weights in self.models_for(p):
+                change = per_model.setdefault(model.name, Change(model.name))
+                change.paths.append(p)
+                change.weights_only = change.weights_only and is_weights
+        await asyncio.gather(*(self.on_change(c) for c in per_model.values()))

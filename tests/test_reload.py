@@ -1,0 +1,368 @@
+"""`hotreload watch` end to end: real files, real worker processes, the example on CPU."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hotreload import Client
+from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
+from tests.support import count_events, make_project, read_events, wait_until
+
+X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
+
+
+def set_scale(config: Path, value: float) -> None:
+    path = config.parent / "model.py"
+    text = path.read_text()
+    start = text.index("SCALE = ")
+    end = text.index("\n", start)
+    path.write_text(text[:start] + f"SCALE = {value}" + text[end:])
+
+
+def wait_version(client: Client, version: int, timeout: float = 30.0) -> None:
+    wait_until(
+        lambda: client.status()["models"][0]["version"] >= version,
+        timeout,
+        what=f"version {version}",
+    )
+
+
+def wait_outcomes(config: Path, n: int, timeout: float = 30.0) -> None:
+    def done() -> bool:
+        return count_events(config, "reload_done") + count_events(config, "reload_failed") >= n
+
+    wait_until(done, timeout, what=f"{n} reload outcome(s)")
+
+
+class Traffic:
+    """Client threads sending continuously; records (version, output) and every failure."""
+
+    def __init__(self, config: Path, threads: int = 4) -> None:
+        self.client = Client(config=config, timeout_s=30)
+        self.results: list[tuple[int, np.ndarray]] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out, version, _ = self.client.infer("mlp", X)
+                self.results.append((version, out))
+            except Exception as exc:
+                self.failures.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+            assert not t.is_alive(), "a client thread hung"
+
+
+def test_code_and_weights_edits_go_live_without_failed_requests(project: Path, serve) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project)
+    traffic = Traffic(project)
+    try:
+        wait_until(lambda: len(traffic.results) > 20, 30, what="steady traffic")
+        set_scale(project, 2.0)
+        wait_version(client, 2)
+        subprocess.run(
+            [sys.executable, str(project.parent / "make_weights.py"), "--seed", "7"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_version(client, 3)
+        n = len(traffic.results)
+        wait_until(lambda: len(traffic.results) > n + 20, 30, what="traffic on v3")
+    finally:
+        traffic.stop()
+    assert traffic.failures == []
+    by_version = {v: out for v, out in traffic.results}
+    assert set(by_version) == {1, 2, 3}
+    np.testing.assert_allclose(by_version[2], by_version[1] * 2, rtol=1e-5)
+    assert not np.allclose(by_version[3], by_version[2]), "new weights change the output"
+    events = read_events(project)
+    done = [e for e in events if e["kind"] == "reload_done"]
+    assert [e["version"] for e in done] == [2, 3]
+    weights_load = [e for e in events if e["kind"] == "phase_end" and e["phase"] == "load"][-1]
+    assert "weights only" in weights_load["detail"]
+    assert done[0]["trigger"] == "file" and set(done[0]["phases"]) >= {"load", "warm", "swap"}
+
+
+BREAKAGES = {
+    "syntax error": ("def build(:\n", "SyntaxError"),
+    "factory raises": (
+        "def build():\n    raise RuntimeError('factory refuses')\n",
+        "factory refuses",
+    ),
+    "NaN output": ("SCALE = float('nan')\n", "non-finite"),
+    "changed shape": (
+        "_forward = MLP.forward\nMLP.forward = lambda self, x: _forward(self, x)[:, :5]\n",
+        "output changed from output float32[1, 10] to output float32[1, 5]",
+    ),
+}
+
+
+def test_broken_edits_leave_the_old_version_serving(project: Path, serve) -> None:
+    session = serve(project, "--no-tui", command="watch")
+    client = Client(config=project)
+    model = project.parent / "model.py"
+    good = model.read_text()
+    expected = client.infer("mlp", X).output
+    for n, (name, (line, message)) in enumerate(BREAKAGES.items(), start=1):
+        model.write_text(good + "\n" + line)
+        wait_outcomes(project, n)
+        failed = [e for e in read_events(project) if e["kind"] == "reload_failed"]
+        assert len(failed) == n, name
+        assert message in failed[-1]["error"] + (failed[-1].get("traceback") or ""), name
+        out, version, _ = client.infer("mlp", X)
+        assert version == 1, name
+        np.testing.assert_array_equal(out, expected)
+    assert "reload FAILED" in session.output and "v1 keeps serving" in session.output
+    # The next good save works, and `hotreload reload` exits 0 / 1 as documented.
+    model.write_text(good.replace("SCALE = 1.0", "SCALE = 3.0"))
+    wait_version(client, 2)
+    np.testing.assert_allclose(client.infer("mlp", X).output, expected * 3, rtol=1e-5)
+    cmd = [sys.executable, "-m", "hotreload", "reload", "--config", str(project)]
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "reloaded -> v3" in ok.stdout
+    model.write_text(model.read_text() + "\ndef build():\n    raise ValueError('nope')\n")
+    wait_outcomes(project, len(BREAKAGES) + 3)
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert (
+        bad.returncode == 1 and "FAILED in load" in bad.stdout and "v3 keeps serving" in bad.stdout
+    )
+
+
+def test_burst_of_saves_coalesces_and_never_overlaps(project: Path, serve) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project)
+    for i in range(30):
+        set_scale(project, 1.0 + i / 100)
+        time.sleep(1 / 30)
+    wait_until(lambda: count_events(project, "reload_requested") >= 1, 30, what="a reload")
+    time.sleep(2.5)  # longer than the max window: every flush has happened
+    wait_outcomes(project, count_events(project, "reload_requested"))
+    requested = count_events(project, "reload_requested")
+    assert 1 <= requested <= 2
+    # The newest save is what serves.
+    np.testing.assert_allclose(
+        client.infer("mlp", X).output,
+        client.infer("mlp", X).output,
+    )
+    running = 0
+    for e in read_events(project):
+        if e["kind"] == "phase_start" and e["phase"] == "load":
+            running += 1
+            assert running == 1, "two reloads ran at once"
+        if e["kind"] in ("reload_done", "reload_failed"):
+            running -= 1
+
+
+def test_touch_and_identical_save_reload_nothing(project: Path, serve) -> None:
+    serve(project, "--no-tui", command="watch")
+    model = project.parent / "model.py"
+    model.touch()
+    model.write_text(model.read_text())
+    (project.parent / "notes.swp").write_text("editor swap file")
+    (project.parent / "4913").write_text("")
+    (project.parent / ".hotreload" / "scratch.txt").write_text("state folder")
+    time.sleep(2.0)
+    assert count_events(project, "reload_requested") == 0
+
+
+def test_atomic_save_and_delete_recreate_reload_once_each(project: Path, serve) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project)
+    model = project.parent / "model.py"
+    text = model.read_text()
+    tmp = project.parent / ".model.py.tmp-atomic"
+    tmp.write_text(text.replace("SCALE = 1.0", "SCALE = 2.0"))
+    os.replace(tmp, model)
+    wait_version(client, 2)
+    model.unlink()
+    time.sleep(0.02)
+    model.write_text(text.replace("SCALE = 1.0", "SCALE = 4.0"))
+    wait_version(client, 3)
+    time.sleep(1.0)
+    assert count_events(project, "reload_requested") == 2
+    assert client.status()["models"][0]["version"] == 3
+
+
+HANGING_MODEL = """
+import time
+import torch
+
+class Hang(torch.nn.Module):
+    def forward(self, x):
+        if float(x[0, 0]) == 7:
+            time.sleep(3600)  # a forward that never returns
+        return x + 1
+
+def build():
+    return Hang()
+
+def example():
+    return torch.zeros(1, 4)
+"""
+
+
+def test_hung_forward_is_detected_and_the_worker_respawned(tmp_path: Path, serve) -> None:
+    config = make_project(
+        tmp_path,
+        config=(
+            '[[models]]\nname = "hang"\nentry = "hang.py:build"\nexample = "hang.py:example"\n'
+            "warmup_iters = 1\nthreads = 1\n[models.deadlines]\ndrain_s = 1\nforward_s = 4\n"
+        ),
+        files={"hang.py": HANGING_MODEL},
+    )
+    session = serve(config, "--no-tui", command="watch")
+    client = Client(config=config, timeout_s=60)
+    pid = client.status()["models"][0]["pid"]
+    hung = np.zeros((1, 4), np.float32)
+    hung[0, 0] = 7
+    errors: list[BaseException] = []
+
+    def send_hung() -> None:
+        try:
+            client.infer("hang", hung, timeout_s=40)
+        except (WorkerUnavailableError, RequestTimeoutError) as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=send_hung)
+    t.start()
+    time.sleep(0.5)
+    outcome = Client(config=config, timeout_s=60).reload("hang")["outcomes"][0]
+    assert outcome["ok"] is False and outcome["phase"] == "drain"
+    assert "still running after the 1 s drain deadline" in outcome["error"]
+    assert "restarted with v1" in outcome["error"]
+    t.join(45)
+    assert not t.is_alive()
+    # Retried once on the restarted worker, hung again, caught by the forward watchdog.
+    assert errors and isinstance(errors[0], WorkerUnavailableError)
+    wait_until(
+        lambda: client.status()["models"][0]["restarts"] >= 2, 30, what="the watchdog's restart"
+    )
+    status = client.status()["models"][0]
+    assert status["pid"] != pid and status["state"] == "serving"
+    out, version, _ = client.infer("hang", np.zeros((1, 4), np.float32))
+    assert out.tolist() == [[1, 1, 1, 1]] and version == 1
+    assert "WEDGED in drain" in session.output
+
+
+def test_restart_after_a_broken_edit_uses_the_last_good_version(project: Path, serve) -> None:
+    session = serve(project, "--no-tui", command="watch")
+    client = Client(config=project)
+    expected = client.infer("mlp", X).output
+    model = project.parent / "model.py"
+    model.write_text(model.read_text() + "\nraise ImportError('half-finished edit')\n")
+    wait_outcomes(project, 1)
+    os.kill(client.status()["models"][0]["pid"], signal.SIGKILL)
+    wait_until(lambda: "worker restarted" in session.output, 60, what="restart")
+    out, version, _ = client.infer("mlp", X)
+    assert version == 1
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    ("policy", "strategy"), [("resource", "inplace"), ("availability", "respawn")]
+)
+def test_policies_and_strategies(tmp_path: Path, serve, policy: str, strategy: str) -> None:
+    config = make_project(tmp_path)
+    text = config.read_text()
+    text = text.replace('policy = "auto"', f'policy = "{policy}"')
+    config.write_text(text.replace('strategy = "inplace"', f'strategy = "{strategy}"'))
+    serve(config, "--no-tui", command="watch")
+    client = Client(config=config)
+    pid = client.status()["models"][0]["pid"]
+    traffic = Traffic(config, threads=2)
+    try:
+        set_scale(config, 2.0)
+        wait_version(client, 2)
+        model = config.parent / "model.py"
+        model.write_text(model.read_text() + "\ndef build():\n    raise RuntimeError('broken')\n")
+        wait_outcomes(config, 2)
+        n = len(traffic.results)
+        wait_until(lambda: len(traffic.results) > n + 10, 30, what="traffic after the failure")
+    finally:
+        traffic.stop()
+    assert traffic.failures == []
+    assert client.infer("mlp", X).version == 2
+    done = next(e for e in read_events(config) if e["kind"] == "reload_done")
+    assert done["policy"] == policy and done["strategy"] == strategy
+    new_pid = client.status()["models"][0]["pid"]
+    assert (new_pid != pid) == (strategy == "respawn")
+    if policy == "resource":
+        assert list(done["phases"])[:4] == ["gate", "drain", "sync", "release"]
+
+
+SLOW_BUILD = """
+import time
+import torch
+
+def build():
+    time.sleep(0.4)
+    return torch.nn.Identity()
+
+def example():
+    return torch.zeros(1, 4)
+"""
+
+
+def test_two_sessions_sharing_a_lock_never_overlap(tmp_path: Path, serve) -> None:
+    configs = []
+    for name in ("a", "b"):
+        configs.append(
+            make_project(
+                tmp_path / name,
+                config=(
+                    f'[[models]]\nname = "{name}"\nentry = "slow.py:build"\n'
+                    'example = "slow.py:example"\nwarmup_iters = 1\n'
+                ),
+                files={"slow.py": SLOW_BUILD},
+            )
+        )
+    lock_dir = str(tmp_path / "locks")
+    for config in configs:
+        serve(config, "--no-tui", command="watch", env={"HOTRELOAD_LOCK_DIR": lock_dir})
+
+    def reload_three(config: Path) -> None:
+        client = Client(config=config, timeout_s=60)
+        for _ in range(3):
+            assert client.reload()["outcomes"][0]["ok"]
+
+    threads = [threading.Thread(target=reload_three, args=(c,)) for c in configs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    windows = []
+    for config in configs:
+        start = None
+        for e in read_events(config):
+            if e["kind"] == "phase_start" and start is None and e.get("phase") != "lock":
+                start = e["ts"]
+            if e["kind"] == "reload_done":
+                windows.append((start, e["ts"], config.parent.parent.name))
+                start = None
+    assert len(windows) == 6
+    windows.sort()
+    for (_, e1, n1), (s2, _, n2) in itertools.pairwise(windows):
+        assert s2 >= e1, f"reload of {n2} started before {n1}'s ended"
+    waited = sum(1 for c in configs for e in read_events(c) if e.get("phase") == "lock")
+    assert waited >= 1, "one session must have waited for the other's lock"
