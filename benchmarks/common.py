@@ -37,6 +37,8 @@ class LoadResult:
     latencies_ms: list[float]
     #: (send time since start, latency ms, version) per request, for window analyses.
     samples: list[tuple[float, float, int]]
+    #: Wall-clock instant (time.time()) the sample times are relative to.
+    origin: float = 0.0
 
     @property
     def rps(self) -> float:
@@ -135,7 +137,15 @@ def drive(
     samples.sort()
     rel = [(t - t_start, lat, v) for t, lat, v in samples]
     return LoadResult(
-        label or model, clients, sent, len(samples), failed, duration_s, [s[1] for s in rel], rel
+        label or model,
+        clients,
+        sent,
+        len(samples),
+        failed,
+        duration_s,
+        [s[1] for s in rel],
+        rel,
+        t_start,
     )
 
 

@@ -262,6 +262,8 @@ class FileWatcher:
         now = time.monotonic()
         if self._first_at is None:
             self._first_at = now
+            # Marks the start of the debounce window (benchmarks split detect / debounce).
+            self.events.emit("change_detected", path=text)
         self._pending.add(path)
         if self._timer is not None:
             self._timer.cancel()
