@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,8 @@ class ModelHost:
         self.good_snapshot: Snapshot | None = None
         #: Set by the reloader while it drains or syncs: it handles a wedge there itself.
         self.reload_phase: str | None = None
+        #: Called after a wedged worker was killed, before its replacement starts.
+        self.escalate: Callable[[ModelHost], Awaitable[None]] | None = None
 
     @property
     def name(self) -> str:
@@ -194,19 +197,22 @@ class ModelHost:
         self.events.emit("worker_died", model=self.name, pid=worker.pid, reason=worker.exit_reason)
         self.schedule_restart(reason=worker.exit_reason or "worker died")
 
-    def schedule_restart(self, reason: str) -> None:
+    def schedule_restart(self, reason: str, *, wedged: bool = False) -> None:
         if self._restart_task is None or self._restart_task.done():
             self._restart_task = asyncio.create_task(
-                self._restart(reason), name=f"restart-{self.name}"
+                self._restart(reason, wedged=wedged), name=f"restart-{self.name}"
             )
 
-    async def _restart(self, reason: str, attempts: int = 3) -> None:
+    async def _restart(self, reason: str, attempts: int = 3, *, wedged: bool = False) -> None:
         """Replace a dead or wedged worker with a fresh one serving the same version."""
         self.router.close_gate()
         self.set_state("restarting", reason=reason)
         old = self.worker
         if old is not None and old.alive:
             await old.kill()
+        if wedged and self.escalate is not None:
+            # The GPU layer decides (config `[gpu] reset`) whether a reset is allowed now.
+            await self.escalate(self)
         version = self.version or 1
         # The files on disk may hold a broken edit now: come back on the last good copy.
         code = code_paths(self.model, self.config.root, self.good_snapshot)
@@ -249,9 +255,9 @@ class ModelHost:
             )
         )
 
-    async def restart_now(self, reason: str) -> None:
+    async def restart_now(self, reason: str, *, wedged: bool = False) -> None:
         """Kill the worker and restart it on the last good version; returns when done."""
-        self.schedule_restart(reason)
+        self.schedule_restart(reason, wedged=wedged)
         assert self._restart_task is not None
         await asyncio.shield(self._restart_task)
 
@@ -295,7 +301,7 @@ class ModelHost:
                     phase=self.reload_phase or "serve",
                     detail=f"a forward has run for {age:.1f} s (limit {limit:g} s)",
                 )
-                self.schedule_restart(reason=f"forward hung for {age:.1f} s")
+                self.schedule_restart(reason=f"forward hung for {age:.1f} s", wedged=True)
 
     # ------------------------------------------------------------------ status and stop
 

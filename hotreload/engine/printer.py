@@ -69,6 +69,17 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"watcher: {e.get('error')}"
     if kind == "watching":
         return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
+    if kind == "gpu_unavailable":
+        return f"no GPU data: {e.get('reason')}"
+    if kind == "gpu_reset":
+        return f"{m}: GPU reset {'done' if e.get('ok') else 'not done'}: {e.get('message')}"
+    if kind == "xid_sources":
+        parts = [
+            f"{s['name']} {'on' if s['active'] else 'off'}"
+            + ("" if s["active"] else f" ({s['reason']})")
+            for s in e.get("sources", [])
+        ]
+        return "Xid sources: " + "; ".join(parts)
     if kind == "xid":
         return (
             f"Xid {e.get('xid')} ({e.get('name')}, {e.get('severity')}) on {e.get('pci')}: "

@@ -555,7 +555,7 @@ class Reloader:
         self.events.emit("wedged", model=host.name, phase=exc.phase, detail=str(exc))
         host.set_state("wedged", phase=exc.phase)
         # cudaStreamSynchronize may never return: only killing the process gets out.
-        await host.restart_now(reason=f"wedged in {exc.phase}")
+        await host.restart_now(reason=f"wedged in {exc.phase}", wedged=True)
         outcome.error = (
             f"{exc}; the worker was killed and restarted with v{host.version}"
             if host.state == "serving"

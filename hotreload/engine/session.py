@@ -16,18 +16,30 @@ from hotreload.engine.host import ModelHost
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
+from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.errors import BadRequestError
 from hotreload.paths import socket_path_for
 from hotreload.protocol.framing import Frame
 
 
 class Session:
-    def __init__(self, config: Config, *, events: EventBus | None = None) -> None:
+    def __init__(
+        self, config: Config, *, events: EventBus | None = None, telemetry: bool = True
+    ) -> None:
         self.config = config
         self.state_dir = config.state_dir
         self.events = events or EventBus(config.state_dir / "events.jsonl")
         self.hosts = {m.name: ModelHost(m, config, self.events) for m in config.models}
         self.locks = DeviceLocks()
+        self.telemetry = GpuTelemetry(
+            self.events,
+            own_pids=self.worker_pids,
+            phase_of=self.reload_phase,
+            interval_s=config.gpu.sample_interval_ms / 1000,
+            watch_xids=telemetry,
+        )
+        for host in self.hosts.values():
+            host.escalate = self._escalate_wedge
         self.reloaders = {
             name: Reloader(
                 host,
@@ -62,6 +74,7 @@ class Session:
         """Open the socket, then bring every model up (in parallel). Raises on a failed model."""
         await self.endpoint.start()
         self._write_session_file()
+        await self.telemetry.start()
         self.events.emit(
             "session_started",
             socket=str(self.socket_path),
@@ -95,6 +108,7 @@ class Session:
             await reloader.close()
         await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
         await self.endpoint.close()
+        await self.telemetry.stop()
         self._remove_session_file()
         self.events.emit("session_stopped")
         self.events.close()
@@ -119,6 +133,48 @@ class Session:
                 self._session_file().unlink()
         except (OSError, ValueError):
             pass
+
+    # ------------------------------------------------------------------ GPU
+
+    def worker_pids(self) -> list[int]:
+        """Every worker process of this session (marked as ours in GPU process lists)."""
+        return [h.worker.pid for h in self.hosts.values() if h.worker and h.worker.pid]
+
+    def reload_phase(self) -> str | None:
+        """`model:phase` of a reload running now (Xid events are tagged with it)."""
+        for host in self.hosts.values():
+            if host.reload_phase:
+                return f"{host.name}:{host.reload_phase}"
+        return None
+
+    @property
+    def gpu_snapshot(self) -> Any:
+        """The latest GPU reading (`hotreload.gpu.nvml.GpuSnapshot`), or None."""
+        return self.telemetry.snapshot
+
+    async def _escalate_wedge(self, host: ModelHost) -> None:
+        """After a wedged worker was killed: a GPU reset, where `[gpu] reset` allows one."""
+        mode = self.config.gpu.reset
+        device = host.worker.device if host.worker else host.model.device
+        if mode == "never" or not device or not device.startswith("cuda"):
+            return
+        from hotreload.gpu.reset import reset_on_wedge
+
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if mode == "ask":
+            self.events.emit(
+                "gpu_reset",
+                model=host.name,
+                ok=False,
+                message=f"a GPU reset may help {device}: press x in the dashboard to review "
+                'and confirm it (reset = "ask")',
+            )
+            return
+        result = await asyncio.to_thread(
+            reset_on_wedge, mode, index, self.worker_pids(), list(self.telemetry.xids)
+        )
+        if result is not None:
+            self.events.emit("gpu_reset", model=host.name, ok=result.ok, message=result.message)
 
     def ignore_rules(self, model_globs: tuple[str, ...] = ()) -> IgnoreRules:
         """What never triggers a reload (or goes into a snapshot) for a model."""
