@@ -69,6 +69,9 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"watcher: {e.get('error')}"
     if kind == "watching":
         return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
+    if kind == "rewarm_done":
+        passes = ", ".join(f"{p:.1f}" for p in e.get("passes_ms", [])[:5])
+        return f"{m}: warm-up re-run in {e.get('warm_s', 0) * 1000:.0f} ms ({passes} ms)"
     if kind == "gpu_unavailable":
         return f"no GPU data: {e.get('reason')}"
     if kind == "gpu_reset":

@@ -201,6 +201,20 @@ class Session:
             await asyncio.gather(*(self.reload_model(n, trigger=trigger) for n in self.hosts))
         )
 
+    async def rewarm(self, name: str | None) -> dict[str, Any]:
+        """Run the serving version's warm-up again (on its serving thread, between requests)."""
+        host = self.host(name)
+        if host.worker is None or not host.worker.alive:
+            raise BadRequestError(f"model {host.name!r} has no running worker to warm")
+        self.events.emit("rewarm_started", model=host.name)
+        r = await host.worker.request(
+            "warm", host.model.deadlines.warm_s, target="current", iters=host.model.warmup_iters
+        )
+        self.events.emit(
+            "rewarm_done", model=host.name, warm_s=r["warm_s"], passes_ms=r["passes_ms"]
+        )
+        return r
+
     async def unload_model(self, name: str) -> None:
         await self.host(name).unload()
 
