@@ -44,6 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_watch)
 
+    p = sub.add_parser(
+        "check",
+        help="pre-commit smoke check: load, warm, infer, reload; fail on errors, leaks, Xids",
+        description="Exit codes: 0 all passed; 1 a check failed; 2 the config or the command "
+        "line is wrong; 3 the environment cannot run the check.",
+    )
+    _add_config_arg(p)
+    p.add_argument("--model", metavar="NAME", help="check only this model")
+    p.add_argument(
+        "--reloads", type=int, metavar="N", help="reload cycles (default: [check] reloads, 3)"
+    )
+    p.add_argument(
+        "--p99-ms", type=float, metavar="MS", help="fail when p99 over a burst exceeds MS"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=_cmd_check)
+
     p = sub.add_parser("status", help="show the models of a running session")
     _add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -71,6 +88,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from hotreload.engine.serve import serve_main
 
     return serve_main(args.config)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from hotreload.check import check_main
+
+    return check_main(
+        args.config, model=args.model, reloads=args.reloads, as_json=args.json, p99_ms=args.p99_ms
+    )
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:

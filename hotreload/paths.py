@@ -52,3 +52,18 @@ def socket_path_for(config_path: Path, socket_dir: Path | None = None) -> Path:
             "set a shorter socket_dir in the config"
         )
     return path
+
+
+def ensure_state_dir(path: Path) -> Path:
+    """Create the project's state folder with a `.gitignore` of `*` inside (as pytest does
+    for .pytest_cache), so events, snapshots and check records never end up in a commit."""
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / ".gitignore"
+    if not marker.exists():
+        try:
+            marker.write_text(
+                "# created by hotreload: nothing here belongs in version control\n*\n"
+            )
+        except OSError:
+            pass
+    return path

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hotreload.paths import ensure_state_dir
+
 Event = dict[str, Any]
 Subscriber = Callable[[Event], None]
 
@@ -25,7 +27,7 @@ class EventBus:
         self.recent: deque[Event] = deque(maxlen=keep)
         self._file = None
         if jsonl_path is not None:
-            jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_state_dir(jsonl_path.parent)
             self._file = jsonl_path.open("a", encoding="utf-8", buffering=1)
             self.path = jsonl_path
 

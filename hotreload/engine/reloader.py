@@ -34,6 +34,7 @@ from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, code_paths, take_snapshot
 from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+from hotreload.paths import ensure_state_dir
 
 T = TypeVar("T")
 MIB = 2**20
@@ -580,6 +581,7 @@ class Reloader:
             return None
         base = self.snapshot_dir / self.host.name
         try:
+            ensure_state_dir(self.host.config.state_dir)
             return await asyncio.to_thread(
                 take_snapshot, base, self.host.model, version, self.ignore
             )

@@ -18,14 +18,21 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.errors import BadRequestError
-from hotreload.paths import socket_path_for
+from hotreload.paths import ensure_state_dir, socket_path_for
 from hotreload.protocol.framing import Frame
 
 
 class Session:
     def __init__(
-        self, config: Config, *, events: EventBus | None = None, telemetry: bool = True
+        self,
+        config: Config,
+        *,
+        events: EventBus | None = None,
+        telemetry: bool = True,
+        endpoint: bool = True,
+        snapshot_dir: Path | None = None,
     ) -> None:
+        """`endpoint=False` serves no socket (hotreload check runs beside a live session)."""
         self.config = config
         self.state_dir = config.state_dir
         self.events = events or EventBus(config.state_dir / "events.jsonl")
@@ -45,7 +52,7 @@ class Session:
                 host,
                 self.locks,
                 ignore=self.ignore_rules(host.model.ignore),
-                snapshot_dir=config.state_dir / "good",
+                snapshot_dir=snapshot_dir or config.state_dir / "good",
             )
             for name, host in self.hosts.items()
         }
@@ -57,6 +64,7 @@ class Session:
             fast_handlers={"infer": self._op_infer},
         )
         self.started_at = time.time()
+        self.with_endpoint = endpoint
         #: Extra handlers (reload, ...) other layers register before start().
         self.handlers = self.endpoint.handlers
 
@@ -72,8 +80,9 @@ class Session:
 
     async def start(self) -> None:
         """Open the socket, then bring every model up (in parallel). Raises on a failed model."""
-        await self.endpoint.start()
-        self._write_session_file()
+        if self.with_endpoint:
+            await self.endpoint.start()
+            self._write_session_file()
         await self.telemetry.start()
         self.events.emit(
             "session_started",
@@ -107,9 +116,10 @@ class Session:
         for reloader in self.reloaders.values():
             await reloader.close()
         await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
-        await self.endpoint.close()
+        if self.with_endpoint:
+            await self.endpoint.close()
+            self._remove_session_file()
         await self.telemetry.stop()
-        self._remove_session_file()
         self.events.emit("session_stopped")
         self.events.close()
 
@@ -117,7 +127,7 @@ class Session:
         return self.state_dir / "session.json"
 
     def _write_session_file(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(self.state_dir)
         data = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),

@@ -1,0 +1,423 @@
+"""`hotreload check`: the pre-commit smoke check. Headless; never imports textual.
+
+For each model, in a fresh worker and through the same reload path as `watch`: load, warm,
+answer a request, survive N reloads, give memory back, raise no Xid; optionally meet a p99
+budget. One line per step, a verdict, and for a failure what to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from hotreload.config import Config, ModelConfig, load_config
+from hotreload.engine.events import EventBus
+from hotreload.engine.host import BringUpError
+from hotreload.engine.session import Session
+from hotreload.engine.stats import percentile
+from hotreload.errors import ConfigError, HotreloadError
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.paths import ensure_state_dir
+from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
+
+MIB = 2**20
+RECORD_FILE = "check-record.json"
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    #: For a failure: what to look at.
+    hint: str | None = None
+    traceback: str | None = None
+
+
+@dataclass
+class ModelReport:
+    model: str
+    device: str = ""
+    policy: str = ""
+    strategy: str = ""
+    steps: list[Step] = field(default_factory=list)
+    environment_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.environment_error is None and all(s.ok for s in self.steps)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+def _memory_figure(status: dict[str, Any]) -> tuple[str, int]:
+    alloc = status.get("allocator")
+    if alloc:
+        return "torch allocated", int(alloc["allocated_bytes"])
+    return "worker RSS", int(status.get("rss_bytes") or 0)
+
+
+def _example_request(router: Any) -> tuple[dict[str, Any], bytes]:
+    """Zeros shaped like the example input (batch 1), as a wire request."""
+    named = {}
+    for entry in router.input_signature:
+        shape = [1, *entry["shape"][1:]] if entry["shape"] else []
+        named[entry["name"]] = np.zeros(shape, dtype=WIRE_DTYPES[entry["dtype"]])
+    metas, blobs = encode_tensors(named)
+    return {"tensors": metas, "form": router.input_form}, b"".join(bytes(b) for b in blobs)
+
+
+class ModelCheck:
+    def __init__(
+        self, config: Config, model: ModelConfig, reloads: int, p99_ms: float | None
+    ) -> None:
+        self.config = replace(config, models=(model,))
+        self.model = model
+        self.reloads = reloads
+        self.p99_ms = p99_ms
+        self.report = ModelReport(model.name, policy=model.policy, strategy=model.strategy)
+        self.record_path = config.state_dir / RECORD_FILE
+
+    async def step(self, name: str, coro: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            detail, figures, result = await coro
+        except CheckFailed as exc:
+            hint = exc.args[1] if len(exc.args) > 1 else None
+            tb = exc.args[2] if len(exc.args) > 2 else None
+            self.report.steps.append(
+                Step(name, False, time.monotonic() - t0, str(exc.args[0]), {}, hint, tb)
+            )
+            raise
+        self.report.steps.append(Step(name, True, time.monotonic() - t0, detail, figures))
+        return result
+
+    async def run(self) -> ModelReport:
+        events = EventBus(None)
+        session = Session(
+            self.config,
+            events=events,
+            endpoint=False,
+            snapshot_dir=self.config.state_dir / "check-good",
+        )
+        started_at = time.time()
+        try:
+            await self._run(session, started_at)
+        except CheckFailed:
+            pass
+        finally:
+            await session.stop()
+        return self.report
+
+    async def _run(self, session: Session, started_at: float) -> None:
+        host = session.hosts[self.model.name]
+        reloader = session.reloaders[self.model.name]
+
+        async def start() -> tuple[str, dict[str, Any], None]:
+            try:
+                await session.start()
+            except BringUpError as exc:
+                if exc.phase == "start":
+                    self.report.environment_error = str(exc)
+                raise CheckFailed(
+                    f"{exc.phase} failed: {exc}",
+                    _hint_for(exc.phase),
+                    exc.remote_traceback,
+                ) from None
+            info = host.current
+            assert info is not None
+            self.report.device = host.worker.device if host.worker else ""
+            passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
+            return (
+                f"v1 on {self.report.device}: load {info.load_s * 1000:.0f} ms, "
+                f"warm-up {info.warm_s * 1000:.0f} ms ({passes} ms)",
+                {
+                    "load_s": info.load_s,
+                    "warm_s": info.warm_s,
+                    "warm_passes_ms": info.warm_passes_ms,
+                },
+                None,
+            )
+
+        await self.step("load+warm", start())
+
+        async def infer() -> tuple[str, dict[str, Any], None]:
+            outputs = host.current.outputs if host.current else []
+            self._check_record(outputs)
+            header, payload = _example_request(host.router)
+            frame = await asyncio.wait_for(
+                host.router.submit_future(header, payload), self.model.request_timeout_s
+            )
+            arrays = decode_tensors(frame.header["tensors"], frame.payload)
+            for name, arr in arrays.items():
+                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                    raise CheckFailed(
+                        f"output {name!r} has non-finite values for a zeros input",
+                        "look for a division by zero or log of zero in forward()",
+                    )
+            sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in outputs)
+            return f"outputs finite: {sig}", {"outputs": outputs}, None
+
+        await self.step("infer", infer())
+        label, baseline = _memory_figure(await self._settled_status(host))
+        threshold = self.config.check.leak_threshold_mib * MIB
+
+        for i in range(1, self.reloads + 1):
+
+            async def reload_once(i: int = i) -> tuple[str, dict[str, Any], None]:
+                outcome = await reloader.request("check", [f"cycle {i}"])
+                self.report.policy = outcome.policy or self.report.policy
+                if not outcome.ok:
+                    raise CheckFailed(
+                        f"reload failed in {outcome.phase}: {outcome.error}",
+                        _hint_for(outcome.phase),
+                        outcome.traceback,
+                    )
+                _, now = _memory_figure(await self._settled_status(host))
+                growth = now - baseline
+                phases = " ".join(f"{k} {v * 1000:.0f}" for k, v in outcome.phases.items())
+                figures = {
+                    "version": outcome.version,
+                    "total_s": outcome.total_s,
+                    "phases": outcome.phases,
+                    "memory_bytes": now,
+                    "growth_bytes": growth,
+                    "memory_kind": label,
+                }
+                if growth > threshold:
+                    raise CheckFailed(
+                        f"{label} grew by {_mib(growth)} since the first load "
+                        f"({_mib(baseline)} -> {_mib(now)}), over the {_mib(threshold)} threshold",
+                        "something keeps a reference to each old version (a module-level cache, a "
+                        "global list, a hook); raise [check] leak_threshold_mib if it is expected",
+                    )
+                return (
+                    f"v{outcome.version} in {outcome.total_s * 1000:.0f} ms ({phases} ms); "
+                    f"{label} {'+' if growth >= 0 else ''}{_mib(growth)}",
+                    figures,
+                    None,
+                )
+
+            await self.step(f"reload {i}", reload_once())
+
+        if self.p99_ms is not None:
+            await self.step("p99", self._burst(host))
+
+        async def xids() -> tuple[str, dict[str, Any], None]:
+            seen = [x for x in session.telemetry.xids if x.received_at >= started_at]
+            if seen:
+                names = "; ".join(f"Xid {x.xid} {x.name} ({x.severity})" for x in seen[:5])
+                raise CheckFailed(
+                    f"{len(seen)} Xid event(s) during the check: {names}",
+                    "run `hotreload xid` for the recommended action of each",
+                )
+            sources = session.telemetry.xid_sources
+            active = [s["name"] for s in sources if s["active"]]
+            return (
+                f"none ({', '.join(active) or 'no source readable'})",
+                {"xid_events": 0, "sources": sources},
+                None,
+            )
+
+        await self.step("xid", xids())
+        self._write_record(host.current.outputs if host.current else [])
+
+    async def _settled_status(self, host: Any) -> dict[str, Any]:
+        worker = host.worker
+        if worker is None:
+            return {}
+        return await worker.request("status", 30.0, collect=True)
+
+    async def _burst(self, host: Any) -> tuple[str, dict[str, Any], None]:
+        n = self.config.check.burst_requests
+        header, payload = _example_request(host.router)
+        latencies: list[float] = []
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            await host.router.submit_future(dict(header), payload)
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+        concurrency = 4
+        for start in range(0, n, concurrency):
+            await asyncio.gather(*(one() for _ in range(min(concurrency, n - start))))
+        values = sorted(latencies)
+        p50, p99 = percentile(values, 50), percentile(values, 99)
+        figures = {"requests": n, "p50_ms": p50, "p99_ms": p99, "budget_ms": self.p99_ms}
+        if self.p99_ms is not None and p99 > self.p99_ms:
+            raise CheckFailed(
+                f"p99 {p99:.2f} ms over {n} requests exceeds the {self.p99_ms:g} ms budget "
+                f"(p50 {p50:.2f} ms)",
+                "profile forward(); check threads and device in the config",
+            )
+        return f"{n} requests: p50 {p50:.2f} ms, p99 {p99:.2f} ms", figures, None
+
+    # ------------------------------------------------------------------ recorded signature
+
+    def _load_record(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _check_record(self, outputs: list[dict[str, Any]]) -> None:
+        if self.model.allow_output_change:
+            return
+        recorded = self._load_record().get(self.model.name)
+        if not recorded:
+            return
+        old = [(o["name"], o["dtype"], o["shape"]) for o in recorded["outputs"]]
+        new = [(o["name"], o["dtype"], o["shape"]) for o in outputs]
+        if old != new:
+            raise CheckFailed(
+                f"output changed since the last passing check: {_sig(old)} -> {_sig(new)}",
+                f"if intended, delete {self.record_path} (or set allow_output_change = true)",
+            )
+
+    def _write_record(self, outputs: list[dict[str, Any]]) -> None:
+        data = self._load_record()
+        data[self.model.name] = {"outputs": outputs, "checked_at": time.time()}
+        try:
+            ensure_state_dir(self.record_path.parent)
+            self.record_path.write_text(json.dumps(data, indent=2) + "\n")
+        except OSError:
+            pass  # a read-only checkout still gets its verdict
+
+
+def _sig(sig: list[tuple[str, str, list[int]]]) -> str:
+    return ", ".join(f"{n} {d}{s}" for n, d, s in sig)
+
+
+def _hint_for(phase: str | None) -> str:
+    return {
+        "start": "the worker process could not start: check that torch imports in this "
+        "environment and that the configured device exists (`hotreload doctor`)",
+        "load": "the factory, the import of your code or the weights failed: see the traceback",
+        "warm": "the example input failed in forward(): see the traceback",
+        "smoke": "the example's output is non-finite or changed shape/dtype",
+        "drain": "a forward never returned: look for a deadlock or an infinite loop",
+        "sync": "a CUDA stream stayed busy: a kernel is hung",
+    }.get(phase or "", "see the error above")
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def format_report(reports: list[ModelReport], total_s: float, cpu_note: str | None) -> str:
+    lines = []
+    if cpu_note:
+        lines.append(cpu_note)
+    for r in reports:
+        where = f" on {r.device}" if r.device else ""
+        lines.append(f"{r.model}{where} ({r.policy}, {r.strategy})")
+        for s in r.steps:
+            mark = "ok  " if s.ok else "FAIL"
+            lines.append(f"  {mark} {s.name:<10} {s.seconds * 1000:8.0f} ms  {s.detail}")
+            if not s.ok:
+                if s.hint:
+                    lines.append(f"       look at: {s.hint}")
+                if s.traceback:
+                    lines.extend("       " + t for t in s.traceback.rstrip().splitlines()[-12:])
+    passed = all(r.ok for r in reports)
+    verdict = "PASS" if passed else "FAIL"
+    failed = [r.model for r in reports if not r.ok]
+    tail = "" if passed else f": {', '.join(failed)}"
+    lines.append(f"hotreload check: {verdict}{tail} ({total_s:.1f} s)")
+    return "\n".join(lines)
+
+
+def report_json(reports: list[ModelReport], total_s: float, cpu_note: str | None) -> str:
+    def finite(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    doc = {
+        "ok": all(r.ok for r in reports),
+        "total_s": total_s,
+        "note": cpu_note,
+        "models": [
+            {
+                "model": r.model,
+                "ok": r.ok,
+                "device": r.device,
+                "policy": r.policy,
+                "strategy": r.strategy,
+                "environment_error": r.environment_error,
+                "steps": [
+                    {
+                        "name": s.name,
+                        "ok": s.ok,
+                        "seconds": s.seconds,
+                        "detail": s.detail,
+                        "figures": {k: finite(v) for k, v in s.figures.items()},
+                        "hint": s.hint,
+                        "traceback": s.traceback,
+                    }
+                    for s in r.steps
+                ],
+            }
+            for r in reports
+        ],
+    }
+    return json.dumps(doc, indent=2)
+
+
+async def _check(
+    config: Config, models: list[ModelConfig], reloads: int, p99_ms: float | None
+) -> list[ModelReport]:
+    reports = []
+    for model in models:
+        reports.append(await ModelCheck(config, model, reloads, p99_ms).run())
+    return reports
+
+
+def check_main(
+    config_path: str | None,
+    *,
+    model: str | None = None,
+    reloads: int | None = None,
+    as_json: bool = False,
+    p99_ms: float | None = None,
+) -> int:
+    try:
+        config = load_config(config_path)
+        models = [config.model(model)] if model else list(config.models)
+    except ConfigError as exc:
+        print(f"hotreload check: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if reloads is not None and reloads < 0:
+        print("hotreload check: --reloads must be 0 or more", file=sys.stderr)
+        return EXIT_USAGE
+    n = config.check.reloads if reloads is None else reloads
+    budget = p99_ms if p99_ms is not None else config.check.p99_ms
+    cpu_models = [m.name for m in models if m.device == "cpu"]
+    t0 = time.monotonic()
+    try:
+        reports = asyncio.run(_check(config, models, n, budget))
+    except HotreloadError as exc:
+        print(f"hotreload check: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    total = time.monotonic() - t0
+    devices = {r.device for r in reports if r.device}
+    note = None
+    if devices and all(d == "cpu" for d in devices):
+        why = 'set device = "cpu"' if len(cpu_models) == len(models) else "no CUDA device found"
+        note = f"running on the CPU ({why}); GPU checks (device memory, streams) do not apply"
+    print(report_json(reports, total, note) if as_json else format_report(reports, total, note))
+    if any(r.environment_error for r in reports):
+        return EXIT_ENVIRONMENT
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILURE

@@ -1,0 +1,203 @@
+"""`hotreload check` on the example and on broken variants of it: real workers, CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, make_project
+
+
+def run_check(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hotreload", "check", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=config.parent,
+    )
+
+
+def test_example_passes_and_json_holds_every_figure(project: Path) -> None:
+    out = run_check(project, "--json", "--p99-ms", "1000")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["ok"] is True and "running on the CPU" in doc["note"]
+    (model,) = doc["models"]
+    assert model["device"] == "cpu" and model["policy"] == "availability"
+    steps = {s["name"]: s for s in model["steps"]}
+    assert list(steps) == ["load+warm", "infer", "reload 1", "reload 2", "reload 3", "p99", "xid"]
+    assert all(s["ok"] for s in steps.values())
+    assert steps["load+warm"]["figures"]["load_s"] > 0
+    assert len(steps["load+warm"]["figures"]["warm_passes_ms"]) == 3
+    assert steps["infer"]["figures"]["outputs"][0]["shape"] == [1, 10]
+    reload3 = steps["reload 3"]["figures"]
+    assert reload3["version"] == 4 and reload3["memory_kind"] == "worker RSS"
+    assert {"load", "warm", "smoke", "swap"} <= set(reload3["phases"])
+    assert isinstance(reload3["growth_bytes"], int)
+    assert steps["p99"]["figures"]["p99_ms"] > 0 and steps["xid"]["figures"]["xid_events"] == 0
+
+
+def test_quick_mode_and_text_report(project: Path) -> None:
+    out = run_check(project, "--reloads", "0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reload 1" not in out.stdout
+    assert "ok   load+warm" in out.stdout and "hotreload check: PASS" in out.stdout
+
+
+BROKEN = {
+    "factory raises": (
+        "\ndef build():\n    raise RuntimeError('factory refuses to build')\n",
+        "factory refuses to build",
+    ),
+    "NaN output": ("\nSCALE = float('nan')\n", "non-finite"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_models_fail_with_the_error_in_the_report(tmp_path: Path, case: str) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+    line, message = BROKEN[case]
+    model.write_text(model.read_text() + line)
+    out = run_check(config)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAIL load+warm" in out.stdout and message in out.stdout
+    assert "look at:" in out.stdout and "hotreload check: FAIL: mlp" in out.stdout
+
+
+def test_changed_output_shape_fails_against_the_last_passing_run(project: Path) -> None:
+    assert run_check(project, "--reloads", "0").returncode == 0
+    model = project.parent / "model.py"
+    model.write_text(
+        model.read_text()
+        + "\n_forward = MLP.forward\nMLP.forward = lambda self, x: _forward(self, x)[:, :5]\n"
+    )
+    out = run_check(project, "--reloads", "0")
+    assert out.returncode == 1
+    assert "output changed since the last passing check" in out.stdout
+    assert "output float32[1, 10] -> output float32[1, 5]" in out.stdout
+
+
+def test_expected_output_in_config_is_enforced(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    config.write_text(
+        config.read_text().replace(
+            'strategy = "inplace"',
+            'strategy = "inplace"\nexpected_output = { shape = [-1, 12], dtype = "float32" }',
+        )
+    )
+    out = run_check(config, "--reloads", "0")
+    assert out.returncode == 1 and "expected_output.shape is [-1, 12]" in out.stdout
+
+
+LEAK = """
+import torch
+
+_fast_build = build
+
+
+def build():
+    # Each build keeps 40 MiB alive somewhere a reload never clears.
+    torch._hotreload_test_leak = getattr(torch, "_hotreload_test_leak", [])
+    torch._hotreload_test_leak.append(torch.ones(10 * 2**20))
+    return _fast_build()
+"""
+
+
+def test_a_model_that_leaks_on_every_reload_fails_the_leak_check(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+    model.write_text(model.read_text() + LEAK)
+    out = run_check(config, "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    failed = next(s for s in doc["models"][0]["steps"] if not s["ok"])
+    assert failed["name"].startswith("reload")
+    assert "worker RSS grew by" in failed["detail"] and "64.0 MiB threshold" in failed["detail"]
+    assert "module-level cache" in failed["hint"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--reloads", "-1"], "--reloads must be 0 or more"),
+        (["--model", "nope"], "no model named 'nope'"),
+    ],
+)
+def test_bad_command_line_exits_2(project: Path, args: list[str], message: str) -> None:
+    out = run_check(project, *args)
+    assert out.returncode == 2 and message in out.stderr
+
+
+def test_bad_config_exits_2(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    config.write_text(config.read_text() + "\n[check]\nreload = 3\n")
+    out = run_check(config)
+    assert out.returncode == 2 and "did you mean 'reloads'?" in out.stderr
+
+
+def test_missing_cuda_device_is_an_environment_error(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace('device = "auto"', 'device = "cuda:0"'))
+    out = run_check(config, "--reloads", "0")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "torch sees no CUDA device" in out.stdout
+
+
+def test_pre_commit_hook_passes_then_fails_after_a_breaking_edit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(
+        REPO / "examples" / "mlp", repo, ignore=shutil.ignore_patterns("__pycache__", ".hotreload")
+    )
+    # The local-hook form from the README, with this interpreter as "the project's own
+    # environment" (the isolated hook env would need its own torch download).
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n"
+        "  - repo: local\n"
+        "    hooks:\n"
+        "      - id: hotreload-check\n"
+        "        name: hotreload check\n"
+        f"        entry: {sys.executable} -m hotreload check --reloads 1\n"
+        "        language: system\n"
+        "        pass_filenames: false\n"
+        "        require_serial: true\n"
+        "        files: '\\.(py|toml|safetensors|pt|pth|bin)$'\n"
+        "        stages: [pre-commit, pre-push, manual]\n"
+    )
+    env = dict(os.environ, PRE_COMMIT_HOME=str(tmp_path / "pc-home"), GIT_AUTHOR_NAME="t")
+    env.update(GIT_AUTHOR_EMAIL="t@e", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@e")
+    precommit = [sys.executable, "-m", "pre_commit"]
+
+    def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=180)
+
+    assert run("git", "init", "-q").returncode == 0
+    assert run(*precommit, "install").returncode == 0
+    run("git", "add", "-A")
+    good = run("git", "commit", "-qm", "add model")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "hotreload check" in good.stdout + good.stderr and "Passed" in good.stdout + good.stderr
+    (repo / "model.py").write_text((repo / "model.py").read_text() + "\nSCALE = float('inf')\n")
+    run("git", "add", "-A")
+    bad = run("git", "commit", "-qm", "break it")
+    assert bad.returncode != 0
+    assert "Failed" in bad.stdout + bad.stderr and "non-finite" in bad.stdout + bad.stderr
+    assert run("git", "log", "--oneline").stdout.count("\n") == 1, "the broken commit was refused"
+
+
+def test_hook_manifest_is_valid() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "validate-manifest", ".pre-commit-hooks.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
