@@ -1,0 +1,170 @@
+"""The file watcher in-process, on real files, with small windows (no worker needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hotreload.config import load_config
+from hotreload.engine import watcher as watcher_mod
+from hotreload.engine.events import EventBus
+from hotreload.engine.ignore import IgnoreRules
+from hotreload.engine.watcher import Change, FileWatcher
+from tests.support import make_project
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def watching(config: Path, actions, *, settle: float = 0.6, poll: bool | None = None):  # type: ignore[no-untyped-def]
+    """Start a watcher, run `actions` (a sync function) in a thread, collect changes."""
+    cfg = load_config(config)
+    events = EventBus(None)
+    seen_events: list[dict] = []
+    events.subscribe(seen_events.append)
+    changes: list[Change] = []
+
+    async def on_change(change: Change) -> None:
+        changes.append(change)
+
+    w = FileWatcher(
+        cfg,
+        on_change,
+        events,
+        rules_for=lambda m: IgnoreRules(m.ignore, extra_dirs=[cfg.state_dir]),
+        quiet_s=0.08,
+        max_wait_s=0.6,
+        poll=poll,
+    )
+    await w.start()
+    try:
+        await asyncio.to_thread(actions)
+        await asyncio.sleep(settle)
+    finally:
+        await w.stop()
+    return changes, seen_events
+
+
+def test_edit_is_one_change_and_weights_are_weights_only(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model, weights = config.parent / "model.py", config.parent / "weights.safetensors"
+
+    def edit_code() -> None:
+        model.write_text(model.read_text() + "\n# edited\n")
+
+    changes, _ = run(watching(config, edit_code))
+    assert [(c.model, [p.name for p in c.paths], c.weights_only) for c in changes] == [
+        ("mlp", ["model.py"], False)
+    ]
+
+    def edit_weights() -> None:
+        weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+
+    changes, _ = run(watching(config, edit_weights))
+    assert [(c.model, c.weights_only) for c in changes] == [("mlp", True)]
+
+
+def test_touch_same_bytes_and_ignored_files_change_nothing(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    root = config.parent
+
+    def noise() -> None:
+        (root / "model.py").touch()
+        (root / "model.py").write_text((root / "model.py").read_text())
+        for name in ("x.swp", "model.py~", ".#model.py", "4913", "run.log", "a___jb_tmp___"):
+            (root / name).write_text("noise")
+        (root / "__pycache__").mkdir(exist_ok=True)
+        (root / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+        (root / ".hotreload").mkdir(exist_ok=True)
+        (root / ".hotreload" / "events.jsonl").write_text("{}\n")
+
+    changes, _ = run(watching(config, noise))
+    assert changes == []
+
+
+def test_burst_coalesces_by_quiet_and_max_window(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+
+    def burst() -> None:
+        # 40 saves, 25 ms apart: never 80 ms of quiet, so the 600 ms cap flushes.
+        for i in range(40):
+            model.write_text(model.read_text() + f"\n# save {i}\n")
+            time.sleep(0.025)
+
+    changes, _ = run(watching(config, burst, settle=0.8))
+    assert 1 <= len(changes) <= 3, changes
+
+
+def test_configured_ignore_globs(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    config.write_text(
+        config.read_text().replace(
+            'strategy = "inplace"', 'strategy = "inplace"\nignore = ["data/**"]'
+        )
+    )
+    (config.parent / "data").mkdir()
+
+    def write_data() -> None:
+        (config.parent / "data" / "batch.npy").write_bytes(b"\0" * 100)
+        (config.parent / "helper.py").write_text("X = 1\n")
+
+    changes, _ = run(watching(config, write_data))
+    assert [p.name for c in changes for p in c.paths] == ["helper.py"]
+
+
+def test_inotify_limit_falls_back_to_polling_and_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class LimitedObserver(watcher_mod.Observer):  # type: ignore[misc,valid-type]
+        """The native notifier, scripted to fail as a machine at its inotify limit does."""
+
+        def schedule(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+    monkeypatch.setattr(watcher_mod, "Observer", LimitedObserver)
+    config = make_project(tmp_path)
+    assert config.read_text().rstrip().endswith("max_wait_ms = 1500"), "[watch] comes last"
+    config.write_text(config.read_text() + "poll_interval_ms = 50\n")
+    model = config.parent / "model.py"
+
+    def edit() -> None:
+        time.sleep(0.2)
+        model.write_text(model.read_text() + "\n# polled\n")
+
+    changes, events = run(watching(config, edit, settle=1.0))
+    errors = [e["error"] for e in events if e["kind"] == "watch_error"]
+    assert errors and "fs.inotify.max_user_watches" in errors[0] and "polling" in errors[0]
+    assert [e["mode"] for e in events if e["kind"] == "watching"] == ["polling"]
+    assert [p.name for c in changes for p in c.paths] == ["model.py"]
+
+
+def test_unreadable_folder_is_reported_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_project(tmp_path)
+    secret = config.parent / "secret"
+    secret.mkdir()
+    config.write_text(
+        config.read_text().replace(
+            'strategy = "inplace"', 'strategy = "inplace"\nwatch = [".", "secret"]'
+        )
+    )
+    real_access = os.access
+    # Root reads everything, so this one check is scripted; the rest is the real file system.
+    monkeypatch.setattr(
+        watcher_mod.os,
+        "access",
+        lambda p, mode: False if Path(p) == secret.resolve() else real_access(p, mode),
+    )
+    _, events = run(watching(config, lambda: None, settle=0.1))
+    errors = [e["error"] for e in events if e["kind"] == "watch_error"]
+    assert any("cannot read folder" in e and "secret" in e and "permissions" in e for e in errors)
+    (watching_event,) = [e for e in events if e["kind"] == "watching"]
+    assert str(config.parent.resolve()) in watching_event["paths"]
