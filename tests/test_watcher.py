@@ -149,11 +149,11 @@ def test_unreadable_folder_is_reported_not_fatal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = make_project(tmp_path)
-    secret = config.parent / "secret"
+    secret = tmp_path / "secret"  # outside the project folder: a root of its own
     secret.mkdir()
     config.write_text(
         config.read_text().replace(
-            'strategy = "inplace"', 'strategy = "inplace"\nwatch = [".", "secret"]'
+            'strategy = "inplace"', 'strategy = "inplace"\nwatch = [".", "../secret"]'
         )
     )
     real_access = os.access
