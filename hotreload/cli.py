@@ -21,6 +21,17 @@ def _add_config_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_http_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="also serve the KServe v2 HTTP API and /metrics (e.g. 127.0.0.1:8000, :8000)",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve /metrics alone on this port too"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hotreload",
@@ -35,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the configured models until SIGINT/SIGTERM")
     _add_config_arg(p)
+    _add_http_args(p)
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("watch", help="serve the models and reload them when their files change")
@@ -42,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-tui", action="store_true", help="print one line per event instead of the dashboard"
     )
+    _add_http_args(p)
     p.set_defaults(func=_cmd_watch)
 
     p = sub.add_parser(
@@ -87,7 +100,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hotreload.engine.serve import serve_main
 
-    return serve_main(args.config)
+    return serve_main(args.config, http=args.http, metrics_port=args.metrics_port)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -101,7 +114,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_watch(args: argparse.Namespace) -> int:
     from hotreload.engine.watch import watch_main
 
-    return watch_main(args.config, no_tui=args.no_tui)
+    return watch_main(
+        args.config, no_tui=args.no_tui, http=args.http, metrics_port=args.metrics_port
+    )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -138,9 +138,13 @@ class CheckConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
+    """The KServe v2 HTTP endpoint (off by default; `--http HOST:PORT` turns it on)."""
+
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
+    #: A second listener serving only /metrics (Triton serves it on 8002).
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -405,6 +409,11 @@ def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Con
         enabled=h.get("enabled", bool, False, "true or false"),
         host=h.get("host", str, "127.0.0.1", "a host name or address"),
         port=h.integer("port", 8000, minimum=0, maximum=65535),
+        metrics_port=(
+            h.integer("metrics_port", 0, minimum=0, maximum=65535)
+            if "metrics_port" in h.table
+            else None
+        ),
     )
 
     return Config(
@@ -562,3 +571,39 @@ def with_overrides(model: ModelConfig, **changes: Any) -> ModelConfig:
 
 
 ConfigLoader = Callable[[], Config]
+
+
+def parse_http_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT`, `PORT` or `[::1]:PORT` -> (host, port); ValueError says why."""
+    host, port_text = "127.0.0.1", text
+    if text.startswith("["):
+        end = text.find("]:")
+        if end < 0:
+            raise ValueError(f"expected [ADDRESS]:PORT, got {text!r}")
+        host, port_text = text[1:end], text[end + 2 :]
+    elif ":" in text:
+        head, port_text = text.rsplit(":", 1)
+        host = head or host
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"expected a port between 0 and 65535 in {text!r}")
+    return host, int(port_text)
+
+
+def with_cli_overrides(
+    config: Config, *, http: str | None = None, metrics_port: int | None = None
+) -> Config:
+    """The config with command-line overrides applied (`--http`, `--metrics-port`)."""
+    if http is None and metrics_port is None:
+        return config
+    h = config.http
+    if http is not None:
+        try:
+            host, port = parse_http_address(http)
+        except ValueError as exc:
+            raise ConfigError(f"--http: {exc}") from None
+        h = replace(h, enabled=True, host=host, port=port)
+    if metrics_port is not None:
+        if not 0 <= metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port: expected 0..65535, got {metrics_port}")
+        h = replace(h, enabled=True, metrics_port=metrics_port)
+    return replace(config, http=h)

@@ -60,6 +60,12 @@ max_wait_ms = 1500                   # but never longer than this in a burst of 
 [gpu]
 reset = "never"                      # "never", "on-wedge" or "ask" (dev machines only)
 
+[http]                               # KServe v2 / Triton-compatible HTTP API (or --http)
+enabled = false
+host = "127.0.0.1"
+port = 8000
+# metrics_port = 8002                # /metrics alone on Triton's metrics port too
+
 [check]                              # `hotreload check`, the pre-commit smoke check
 reloads = 3
 leak_threshold_mib = 64

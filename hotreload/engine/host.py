@@ -132,6 +132,8 @@ class ModelHost:
             info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
             info.input_form, info.inputs = r["input_form"], r["inputs"]
             phase = "warm"
+            if self.state == "loading":
+                self.set_state("warming")
             r = await worker.request(
                 "warm", d.warm_s, target="staged", iters=self.model.warmup_iters
             )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import Any
 
-from hotreload.config import Config, load_config
+from hotreload.config import Config, load_config, with_cli_overrides
 from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.session import Session
@@ -44,9 +45,9 @@ async def _serve(config: Config) -> int:
         print("stopped", flush=True)
 
 
-def serve_main(config_path: str | None) -> int:
+def serve_main(config_path: str | None, **overrides: Any) -> int:
     try:
-        config = load_config(config_path)
+        config = with_cli_overrides(load_config(config_path), **overrides)
     except ConfigError as exc:
         print(f"hotreload: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -65,6 +65,8 @@ class Session:
         )
         self.started_at = time.time()
         self.with_endpoint = endpoint
+        #: The KServe v2 HTTP endpoint (`hotreload.http.HttpEndpoint`) when enabled.
+        self.http: Any = None
         #: Extra handlers (reload, ...) other layers register before start().
         self.handlers = self.endpoint.handlers
 
@@ -83,6 +85,14 @@ class Session:
         if self.with_endpoint:
             await self.endpoint.start()
             self._write_session_file()
+            http = self.config.http
+            if http.enabled:
+                # Before the models start, so readiness is observable during warm-up.
+                from hotreload.http import start_http
+
+                self.http = await start_http(
+                    self, http.host, http.port, metrics_port=http.metrics_port
+                )
         await self.telemetry.start()
         self.events.emit(
             "session_started",
@@ -116,6 +126,9 @@ class Session:
         for reloader in self.reloaders.values():
             await reloader.close()
         await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
+        if self.http is not None:
+            # After the hosts drained: HTTP requests in flight got their replies.
+            await self.http.close()
         if self.with_endpoint:
             await self.endpoint.close()
             self._remove_session_file()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hotreload.config import Config, load_config
+from hotreload.config import Config, load_config, with_cli_overrides
 from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.serve import install_stop_signals
@@ -80,9 +80,9 @@ async def _watch_plain(config: Config) -> int:
         print("stopped", flush=True)
 
 
-def watch_main(config_path: str | None, *, no_tui: bool = False, **_: Any) -> int:
+def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: Any) -> int:
     try:
-        config = load_config(config_path)
+        config = with_cli_overrides(load_config(config_path), **overrides)
     except ConfigError as exc:
         print(f"hotreload: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,387 @@
+"""HTTP reload benchmark: closed-loop KServe v2 clients on loopback while the example reloads.
+
+    .venv/bin/python benchmarks/http_reload.py [--clients 32 200] [--seconds 24] [--every 3]
+        [--trigger api|edit] [--server-cmd "hotreload watch ... --http 127.0.0.1:{port}"]
+
+Each run starts a fresh session serving the example MLP over HTTP, drives N closed-loop
+clients (tritonclient's wire format: binary input, binary output) spread over two client
+processes, and edits `model.py` every `--every` seconds. With `--trigger api` (default) each
+edit is followed by `POST /v2/repository/models/mlp/load` (what `tritonclient`'s
+`load_model` sends); with `--trigger edit` only the file is written and the session's own
+watcher must notice it (give a `--server-cmd` that watches, with `{config}` and `{port}`).
+
+Reported per run: sent, ok, failed; p50/p99 overall, outside reloads (steady) and inside
+reload windows (a request whose [send, reply] interval overlaps [edit, reload finished]);
+and edit-to-first-new-version time (file write to the first reply computed by the new
+version). Figures, not a pass/fail test.
+
+Targets (issue 7), against a real Triton server measured on the same machine: 0 failed;
+p99 in reload windows <= 1.1x steady; edit to first new-version answer <= 0.17 s plus the
+model's own load and warm time (Triton's poll mode: 1.7-2.1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shlex
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import REPO, Server, percentile
+
+#: Run as `http_reload.py --serve-session CONFIG PORT`: a session with its HTTP endpoint,
+#: for engines whose `hotreload serve` has no `--http` yet.
+SERVE_FLAG = "--serve-session"
+
+
+async def _serve_session(config: str, port: int) -> int:
+    from hotreload.config import load_config
+    from hotreload.engine.printer import PlainPrinter
+    from hotreload.engine.serve import install_stop_signals
+    from hotreload.engine.session import Session
+    from hotreload.http import start_http
+
+    session = Session(load_config(config))
+    session.events.subscribe(PlainPrinter())
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    endpoint = await start_http(session, "127.0.0.1", port)
+    print(f"http: listening on {endpoint.url}", flush=True)
+    try:
+        await session.start()
+        print("serving", flush=True)
+        await stop.wait()
+    finally:
+        await session.stop()
+        await endpoint.close()
+    return 0
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+def _request_body() -> tuple[bytes, dict[str, str]]:
+    """One 1x64 FP32 input as tritonclient sends it: JSON header, then the raw bytes."""
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 256},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    x = bytes(256)  # zeros: float32 0.0
+    return head + x, {
+        "Inference-Header-Content-Length": str(len(head)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+async def _closed_loop(
+    url: str, clients: int, duration_s: float, t_start: float, socket_path: str | None = None
+) -> tuple[list[tuple[float, float, int]], list[float], int]:
+    """HTTP clients on `url`, or with `socket_path` the Unix-socket client (for comparison)."""
+    import aiohttp
+    import numpy as np
+
+    from hotreload.client import AsyncClient
+
+    body, headers = _request_body()
+    samples: list[tuple[float, float, int]] = []  # (send wall time, latency ms, version)
+    failures: list[float] = []  # wall time of each failed request
+    sent = 0
+    await asyncio.sleep(max(0.0, t_start - time.time()))
+    end = time.time() + duration_s
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def over_socket() -> None:
+            nonlocal sent
+            x = np.zeros((1, 64), np.float32)
+            client = AsyncClient(socket_path=socket_path)
+            try:
+                while time.time() < end:
+                    t_wall, t0 = time.time(), time.perf_counter()
+                    sent += 1
+                    try:
+                        version = (await client.infer("mlp", x, timeout_s=60)).version
+                    except Exception:
+                        failures.append(t_wall)
+                        await asyncio.sleep(0.001)
+                        continue
+                    samples.append((t_wall, (time.perf_counter() - t0) * 1000, version))
+            finally:
+                await client.close()
+
+        async def one() -> None:
+            nonlocal sent
+            if socket_path is not None:
+                return await over_socket()
+            while time.time() < end:
+                t_wall, t0 = time.time(), time.perf_counter()
+                sent += 1
+                try:
+                    async with http.post(
+                        url + "/v2/models/mlp/infer", data=body, headers=headers
+                    ) as r:
+                        data = await r.read()
+                        if r.status != 200:
+                            raise RuntimeError(data[:200])
+                        n = int(r.headers["Inference-Header-Content-Length"])
+                        version = int(json.loads(data[:n])["model_version"])
+                except Exception:
+                    failures.append(t_wall)
+                    await asyncio.sleep(0.001)
+                    continue
+                samples.append((t_wall, (time.perf_counter() - t0) * 1000, version))
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+    return samples, failures, sent
+
+
+def _client_proc(args: tuple[Any, ...], out: Any) -> None:
+    out.send(asyncio.run(_closed_loop(*args)))
+    out.close()
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+@dataclass
+class Reload:
+    edit_at: float
+    done_at: float
+    #: Version expected to serve after this reload.
+    version: int
+    total_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    first_new_at: float | None = None
+
+    @property
+    def window_end(self) -> float:
+        return max(self.done_at, self.first_new_at or self.done_at)
+
+
+@dataclass
+class RunResult:
+    clients: int
+    sent: int
+    samples: list[tuple[float, float, int]]
+    failures: list[float]
+    reloads: list[Reload] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def _edit(model_py: Path, k: int) -> None:
+    text = model_py.read_text()
+    start = text.index("SCALE = ")
+    stop = text.index("\n", start)
+    model_py.write_text(text[:start] + f"SCALE = {1.0 + k / 1000:.3f}" + text[stop:])
+
+
+async def _drive_reloads(
+    url: str, model_py: Path, t_start: float, seconds: float, every: float, trigger: str
+) -> list[Reload]:
+    import aiohttp
+
+    reloads: list[Reload] = []
+    version = 1
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        k = 0
+        while True:
+            at = t_start + every / 2 + k * every
+            if at > t_start + seconds - 0.5:
+                break
+            await asyncio.sleep(max(0.0, at - time.time()))
+            k += 1
+            edit_at = time.time()
+            _edit(model_py, k)
+            if trigger == "api":
+                async with http.post(url + "/v2/repository/models/mlp/load") as r:
+                    doc = await r.json()
+                done_at = time.time()
+                if r.status != 200:
+                    print(f"  reload {k} failed: {doc.get('error')}", flush=True)
+                    continue
+                version = int(doc["version"])
+                reloads.append(
+                    Reload(edit_at, done_at, version, doc.get("total_s"), doc.get("phases", {}))
+                )
+            else:
+                version += 1
+                reloads.append(Reload(edit_at, edit_at, version))
+    return reloads
+
+
+def run_once(
+    clients: int,
+    seconds: float,
+    every: float,
+    trigger: str,
+    server_cmd: str | None,
+    strategy: str | None = None,
+    transport: str = "http",
+) -> RunResult:
+    tmp = Path(tempfile.mkdtemp(prefix="hr-http-bench-"))
+    proj = tmp / "proj"
+    shutil.copytree(REPO / "examples" / "mlp", proj, ignore=shutil.ignore_patterns(".hotreload"))
+    config = proj / "hotreload.toml"
+    if strategy:
+        config.write_text(
+            config.read_text().replace('strategy = "inplace"', f'strategy = "{strategy}"')
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if server_cmd:
+        cmd = shlex.split(server_cmd.format(config=config, port=port))
+        ready = "serving"
+    else:
+        cmd = [sys.executable, __file__, SERVE_FLAG, str(config), str(port)]
+        ready = "serving"
+    server = Server(cmd, ready, proj)
+    url = f"http://127.0.0.1:{port}"
+    socket_path = None
+    if transport == "socket":
+        from hotreload.client import Client
+
+        socket_path = str(Client(config=config).socket_path)
+    try:
+        ctx = mp.get_context("spawn")
+        procs = 2
+        t_start = time.time() + 2.0
+        pipes, workers = [], []
+        for i in range(procs):
+            share = clients // procs + (1 if i < clients % procs else 0)
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=_client_proc, args=((url, share, seconds, t_start, socket_path), child)
+            )
+            p.start()
+            pipes.append(parent)
+            workers.append(p)
+        reloads = asyncio.run(
+            _drive_reloads(url, proj / "model.py", t_start, seconds, every, trigger)
+        )
+        samples: list[tuple[float, float, int]] = []
+        failures: list[float] = []
+        sent = 0
+        for parent, p in zip(pipes, workers, strict=True):
+            s, f, n = parent.recv()
+            samples += s
+            failures += f
+            sent += n
+            p.join(30)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    samples.sort()
+    for rl in reloads:
+        replies = [t + lat / 1000 for t, lat, v in samples if v >= rl.version and t >= rl.edit_at]
+        rl.first_new_at = min(replies) if replies else None
+    return RunResult(clients, sent, samples, failures, reloads, server.lines)
+
+
+def report(r: RunResult, trigger: str) -> None:
+    windows = [(rl.edit_at, rl.window_end) for rl in r.reloads]
+
+    def overlaps(t: float, lat_ms: float) -> bool:
+        end = t + lat_ms / 1000
+        return any(t <= w1 and end >= w0 for w0, w1 in windows)
+
+    inside = [lat for t, lat, _ in r.samples if overlaps(t, lat)]
+    steady = [lat for t, lat, _ in r.samples if not overlaps(t, lat)]
+    every = [lat for _, lat, _ in r.samples]
+    e2v = [rl.first_new_at - rl.edit_at for rl in r.reloads if rl.first_new_at]
+    totals = [rl.total_s for rl in r.reloads if rl.total_s is not None]
+    versions = sorted({v for _, _, v in r.samples})
+    print(
+        f"\n{r.clients} clients: sent {r.sent}, ok {len(r.samples)}, failed {len(r.failures)}, "
+        f"{len(r.reloads)} reloads ({trigger}), versions {versions[0]}..{versions[-1]}"
+    )
+    print(f"  {'':<26} {'n':>7} {'p50 ms':>8} {'p99 ms':>8}")
+    for label, values in (
+        ("overall", every),
+        ("steady", steady),
+        ("inside reload windows", inside),
+    ):
+        print(
+            f"  {label:<26} {len(values):>7} {percentile(values, 50):>8.2f} "
+            f"{percentile(values, 99):>8.2f}"
+        )
+    if steady and inside:
+        print(f"  p99 inside / steady: {percentile(inside, 99) / percentile(steady, 99):.2f}x")
+    if e2v:
+        print(
+            f"  edit -> first new-version answer: median {statistics.median(e2v) * 1000:.0f} ms, "
+            f"max {max(e2v) * 1000:.0f} ms"
+        )
+    if totals:
+        print(
+            f"  reload (load+warm+smoke+swap...) as the engine timed it: median "
+            f"{statistics.median(totals) * 1000:.0f} ms, max {max(totals) * 1000:.0f} ms"
+        )
+        names = list(dict.fromkeys(k for rl in r.reloads for k in rl.phases))
+        medians = [
+            f"{k} {statistics.median(rl.phases.get(k, 0.0) for rl in r.reloads) * 1000:.0f}"
+            for k in names
+        ]
+        print(f"  median phase ms: {', '.join(medians)}")
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == SERVE_FLAG:
+        return asyncio.run(_serve_session(sys.argv[2], int(sys.argv[3])))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--clients", type=int, nargs="+", default=[32, 200])
+    parser.add_argument("--seconds", type=float, default=24.0)
+    parser.add_argument("--every", type=float, default=3.0, help="seconds between reloads")
+    parser.add_argument("--trigger", choices=("api", "edit"), default="api")
+    parser.add_argument(
+        "--strategy", choices=("inplace", "respawn"), help="override the example's strategy"
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("http", "socket"),
+        default="http",
+        help="socket: the same run with Unix-socket clients, to tell HTTP's share apart",
+    )
+    parser.add_argument(
+        "--server-cmd",
+        help="command serving HTTP on {port} for {config}, printing 'serving' when ready "
+        "(default: a session with start_http, no watcher)",
+    )
+    args = parser.parse_args()
+    if args.trigger == "edit" and not args.server_cmd:
+        parser.error("--trigger edit needs a --server-cmd that watches the files")
+    print(
+        f"HTTP reload benchmark: example MLP, 1x64 FP32 binary, reload every {args.every:g} s "
+        f"for {args.seconds:g} s, {os.cpu_count()} cores, strategy {args.strategy or 'inplace'}, "
+        f"{args.transport} clients"
+    )
+    for clients in args.clients:
+        report(
+            run_once(clients, args.seconds, args.every, args.trigger, args.server_cmd), args.trigger
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

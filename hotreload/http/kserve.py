@@ -1,0 +1,303 @@
+"""KServe v2 (Open Inference Protocol) tensors: JSON and the binary tensor extension.
+
+Pure functions with no HTTP in them: `parse_infer_request` turns a request body into tensors
+the router accepts (wire dtypes, raw little-endian bytes), `encode_infer_response` turns a
+worker reply into a KServe response body. Every problem is an `InferRequestError` whose
+message says what was wrong and what was expected, answered as HTTP 400.
+
+Binary tensor extension: the body starts with `Inference-Header-Content-Length` bytes of
+JSON; each binary input declares `parameters.binary_data_size` and its bytes follow the
+JSON in input order. `tritonclient.http` sends binary inputs and asks for binary outputs
+by default, so this is the common path, not an extra.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hotreload.protocol.tensors import MAX_RANK, WIRE_DTYPES
+
+#: Header naming the length of the JSON part of a body that carries binary tensors.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+#: KServe datatype -> wire dtype name (torch/numpy spelling).
+KSERVE_TO_WIRE: dict[str, str] = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+}
+WIRE_TO_KSERVE: dict[str, str] = {v: k for k, v in KSERVE_TO_WIRE.items()}
+#: Types a model may declare (metadata) that cannot travel (the smoke test refuses them).
+_METADATA_ONLY = {"bfloat16": "BF16", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64"}
+_KNOWN_KSERVE = (*KSERVE_TO_WIRE, "UINT16", "UINT32", "UINT64", "BF16", "BYTES")
+
+
+class InferRequestError(ValueError):
+    """The request body is not a valid KServe v2 infer request; answered with HTTP 400."""
+
+
+def kserve_datatype(wire_dtype: str) -> str:
+    """KServe datatype for a wire/torch dtype name, for metadata."""
+    return WIRE_TO_KSERVE.get(wire_dtype) or _METADATA_ONLY.get(wire_dtype, wire_dtype.upper())
+
+
+def metadata_shape(shape: Sequence[int]) -> list[int]:
+    """Dimension 0 is the batch and may vary (-1); the others are fixed by the example."""
+    return [-1, *shape[1:]] if shape else []
+
+
+@dataclass
+class InputTensor:
+    name: str
+    dtype: str
+    shape: list[int]
+    data: bytes | memoryview
+
+
+@dataclass
+class InferRequest:
+    """A parsed infer request: tensors in the order they came, and what to send back."""
+
+    id: str | None
+    inputs: list[InputTensor]
+    #: Requested output name -> binary? (None: every output, `binary_default` decides).
+    outputs: dict[str, bool] | None
+    binary_default: bool
+    timeout_s: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InferRequestError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryview, memoryview]:
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise InferRequestError(
+            f"{HEADER_LENGTH} must be an integer, got {header_length!r}"
+        ) from None
+    if not 0 <= n <= len(body):
+        raise InferRequestError(
+            f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes; it must give the "
+            "length of the JSON part that starts the body"
+        )
+    view = memoryview(body)
+    return view[:n], view[n:]
+
+
+def _shape(value: Any, name: str) -> list[int]:
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value)
+    ):
+        raise InferRequestError(
+            f"input {name!r}: 'shape' must be a list of sizes >= 0, got {value!r}"
+        )
+    return value
+
+
+def _datatype(value: Any, name: str) -> str:
+    if value == "BYTES":
+        raise InferRequestError(
+            f"input {name!r}: datatype BYTES (strings) is not supported; hotreload serves "
+            f"numeric tensors: {', '.join(KSERVE_TO_WIRE)}"
+        )
+    if value not in KSERVE_TO_WIRE:
+        hint = "" if value in _KNOWN_KSERVE else " (datatypes are upper case, e.g. FP32)"
+        raise InferRequestError(
+            f"input {name!r}: unsupported datatype {value!r}{hint}; use one of "
+            f"{', '.join(KSERVE_TO_WIRE)}"
+        )
+    return KSERVE_TO_WIRE[value]
+
+
+def _json_data(data: Any, name: str, dtype: str, shape: list[int]) -> bytes:
+    want = math.prod(shape)
+    try:
+        arr = np.asarray(data, dtype=WIRE_DTYPES[dtype])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InferRequestError(
+            f"input {name!r}: 'data' does not hold {dtype} values: {exc}"
+        ) from None
+    if arr.size != want:
+        raise InferRequestError(
+            f"input {name!r}: 'data' has {arr.size} element(s) but shape {shape} needs {want}"
+        )
+    return arr.tobytes()
+
+
+def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
+    """Parse a KServe v2 infer request body (JSON, or JSON followed by binary tensors)."""
+    head, binary = _split_body(body, header_length)
+    try:
+        doc = json.loads(bytes(head))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = f"the first {len(head)} bytes ({HEADER_LENGTH})" if header_length else "the body"
+        raise InferRequestError(f"{where} is not valid JSON: {exc}") from None
+    doc = _obj(doc, "the request")
+    params = _obj(doc.get("parameters") or {}, "'parameters'")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InferRequestError("'inputs' must be a non-empty list of tensors")
+
+    inputs: list[InputTensor] = []
+    offset = 0
+    for i, raw in enumerate(raw_inputs):
+        t = _obj(raw, f"inputs[{i}]")
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise InferRequestError(f"inputs[{i}] needs a 'name' (a non-empty string)")
+        if any(x.name == name for x in inputs):
+            raise InferRequestError(f"input {name!r} appears twice")
+        dtype = _datatype(t.get("datatype"), name)
+        shape = _shape(t.get("shape"), name)
+        nbytes = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
+        tparams = _obj(t.get("parameters") or {}, f"input {name!r}: 'parameters'")
+        size = tparams.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InferRequestError(
+                    f"input {name!r}: binary_data_size must be an integer >= 0, got {size!r}"
+                )
+            if size != nbytes:
+                raise InferRequestError(
+                    f"input {name!r}: binary_data_size is {size} but datatype "
+                    f"{t['datatype']} and shape {shape} need {nbytes} bytes"
+                )
+            if offset + size > len(binary):
+                raise InferRequestError(
+                    f"input {name!r}: binary_data_size {size} runs past the end of the body "
+                    f"({len(binary) - offset} binary bytes left)"
+                )
+            data: bytes | memoryview = binary[offset : offset + size]
+            offset += size
+        elif "data" in t:
+            data = _json_data(t["data"], name, dtype, shape)
+        else:
+            raise InferRequestError(
+                f"input {name!r} has neither 'data' nor parameters.binary_data_size"
+            )
+        inputs.append(InputTensor(name, dtype, shape, data))
+    if offset != len(binary):
+        raise InferRequestError(
+            f"the body has {len(binary) - offset} binary byte(s) that no input's "
+            "binary_data_size accounts for"
+        )
+
+    outputs: dict[str, bool] | None = None
+    raw_outputs = doc.get("outputs")
+    binary_default = params.get("binary_data_output") is True
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InferRequestError("'outputs' must be a list of {name, parameters}")
+        outputs = {}
+        for i, raw in enumerate(raw_outputs):
+            o = _obj(raw, f"outputs[{i}]")
+            if not isinstance(o.get("name"), str):
+                raise InferRequestError(f"outputs[{i}] needs a 'name'")
+            oparams = _obj(o.get("parameters") or {}, f"outputs[{i}].parameters")
+            outputs[o["name"]] = bool(oparams.get("binary_data", binary_default))
+
+    # Triton's `timeout` parameter is in microseconds.
+    timeout = params.get("timeout")
+    timeout_s = (
+        timeout / 1e6
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0
+        else None
+    )
+    rid = doc.get("id")
+    return InferRequest(
+        id=rid if isinstance(rid, str) else None,
+        inputs=inputs,
+        outputs=outputs,
+        binary_default=binary_default,
+        timeout_s=timeout_s,
+    )
+
+
+def to_router_request(
+    req: InferRequest, form: str, signature: Sequence[Mapping[str, Any]]
+) -> tuple[dict[str, Any], bytes | memoryview]:
+    """Router header and payload. Tuple and dict models get their inputs in signature order
+    (a tuple model is called positionally); a single-input model takes any one name."""
+    inputs = req.inputs
+    if form != "single" and signature:
+        order = {s["name"]: i for i, s in enumerate(signature)}
+        if all(t.name in order for t in inputs):
+            inputs = sorted(inputs, key=lambda t: order[t.name])
+    metas = [
+        {"name": t.name, "dtype": t.dtype, "shape": t.shape, "nbytes": len(t.data)} for t in inputs
+    ]
+    payload: bytes | memoryview = (
+        inputs[0].data if len(inputs) == 1 else b"".join(t.data for t in inputs)
+    )
+    header: dict[str, Any] = {"tensors": metas, "form": form}
+    if req.timeout_s is not None:
+        header["timeout_s"] = req.timeout_s
+    return header, payload
+
+
+def encode_infer_response(
+    model: str,
+    version: int,
+    req: InferRequest,
+    metas: Sequence[Mapping[str, Any]],
+    payload: bytes | memoryview,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """Body pieces and the JSON part's length when binary outputs follow it (else None)."""
+    if req.outputs is not None:
+        known = {m["name"] for m in metas}
+        unknown = [n for n in req.outputs if n not in known]
+        if unknown:
+            raise InferRequestError(
+                f"requested output(s) {unknown} do not exist; model {model!r} returns "
+                f"{sorted(known)}"
+            )
+    view = memoryview(payload) if not isinstance(payload, memoryview) else payload
+    view = view.cast("B") if view.format != "B" else view
+    outs: list[dict[str, Any]] = []
+    blobs: list[bytes | memoryview] = []
+    offset = 0
+    for meta in metas:
+        n = int(meta["nbytes"])
+        chunk = view[offset : offset + n]
+        offset += n
+        name = meta["name"]
+        if req.outputs is not None and name not in req.outputs:
+            continue
+        binary = req.outputs[name] if req.outputs is not None else req.binary_default
+        out: dict[str, Any] = {
+            "name": name,
+            "datatype": kserve_datatype(meta["dtype"]),
+            "shape": list(meta["shape"]),
+        }
+        if binary:
+            out["parameters"] = {"binary_data_size": n}
+            blobs.append(chunk)
+        else:
+            out["data"] = np.frombuffer(chunk, dtype=WIRE_DTYPES[meta["dtype"]]).tolist()
+        outs.append(out)
+    doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": outs}
+    if req.id is not None:
+        doc["id"] = req.id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    return [head, *blobs], (len(head) if blobs else None)

@@ -1,0 +1,357 @@
+"""Prometheus metrics for a session, served at `GET /metrics`.
+
+Figures the engine already keeps (queue depth, in flight, request counters, version, state,
+restarts, load and warm-up times, GPU readings) are read at scrape time by a custom
+collector, so nothing is copied on the request path. What only exists as a stream (reload
+phases and outcomes, Xid events) is counted from the event bus, and request and queue
+latencies are observed into histograms as the router records them.
+
+Each session has its own `CollectorRegistry`: two sessions in one process (tests) never
+share series, and nothing leaks into the global registry of an embedding program.
+
+Triton-compatible aliases (`nv_*`) repeat the few series Triton dashboards read, under
+Triton's names and labels (`model`, `version`). Triton exposes its counters without a
+`_total` suffix, which a typed counter cannot have, so the counter aliases are untyped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+
+from hotreload.engine.stats import LatencyWindow
+
+if TYPE_CHECKING:
+    from hotreload.engine.host import ModelHost
+    from hotreload.engine.session import Session
+
+#: Every state a host reports; `hotreload_model_state` has one series per state (0 or 1).
+MODEL_STATES = (
+    "starting",
+    "loading",
+    "warming",
+    "serving",
+    "reloading",
+    "draining",
+    "restarting",
+    "failed",
+    "wedged",
+    "stopped",
+    "unloaded",
+)
+#: States in which a model that has served a version still cannot take requests.
+NOT_SERVING_STATES = frozenset(
+    {"starting", "restarting", "failed", "wedged", "stopped", "unloaded"}
+)
+
+REQUEST_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+
+
+def model_ready(host: ModelHost) -> tuple[bool, str]:
+    """(ready, why not): ready once a version has finished warm-up and the host can serve.
+
+    A reload in progress keeps the model ready: the old version serves until the swap.
+    """
+    if host.current is None or host.version == 0:
+        return False, f"model {host.name!r} is {host.state}; no version has finished warm-up yet"
+    if host.state in NOT_SERVING_STATES:
+        return False, f"model {host.name!r} is {host.state}"
+    return True, ""
+
+
+@dataclass(eq=False)
+class ObservedLatencyWindow(LatencyWindow):
+    """The router's latency window, also observing each sample into a histogram.
+
+    The router records every request's latency (socket and HTTP alike) in its windows, so
+    teeing them gives histograms of all traffic without a hook on the request path.
+    """
+
+    observe: Callable[[float], None] | None = None
+
+    def add(self, latency_ms: float, now: float | None = None) -> None:
+        super().add(latency_ms, now)
+        if self.observe is not None:
+            self.observe(latency_ms)
+
+
+class SessionMetrics:
+    """The registry, the histograms fed by events and requests, and the scrape collector."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.request_seconds = Histogram(
+            "hotreload_request_duration_seconds",
+            "Time from admission to reply of successful requests, queue included",
+            ["model"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "hotreload_queue_duration_seconds",
+            "Time requests waited in the model's queue before reaching the worker",
+            ["model"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.reload_phase_seconds = Histogram(
+            "hotreload_reload_phase_duration_seconds",
+            "Duration of each reload phase (load, warm, smoke, gate, drain, sync, swap, ...)",
+            ["model", "phase"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.reload_seconds = Histogram(
+            "hotreload_reload_duration_seconds",
+            "Duration of whole successful reloads",
+            ["model"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.reloads = Counter(
+            "hotreload_reloads",
+            "Reloads by outcome (success, failed) and trigger (file, http, cli, ...)",
+            ["model", "outcome", "trigger"],
+            registry=r,
+        )
+        self.reload_failures = Counter(
+            "hotreload_reload_failures",
+            "Failed reloads by the phase that failed",
+            ["model", "phase"],
+            registry=r,
+        )
+        self.xid_events = Counter(
+            "hotreload_gpu_xid_events",
+            "NVIDIA Xid events seen by the Xid monitor, by code",
+            ["gpu", "code", "name", "severity"],
+            registry=r,
+        )
+        #: Requests the HTTP layer refused before they reached the router (bad JSON, ...).
+        self.http_bad_requests: dict[str, int] = {}
+        #: Total queue time per model in microseconds (Triton's nv_inference_queue_duration_us).
+        self.queue_us_total: dict[str, float] = {}
+        self._restore: list[Callable[[], None]] = []
+        r.register(_SessionCollector(self))
+        for host in session.hosts.values():
+            self._tee_router(host)
+        self._unsubscribe = session.events.subscribe(self.on_event)
+
+    def _tee_router(self, host: ModelHost) -> None:
+        router, name = host.router, host.name
+        requests = self.request_seconds.labels(name)
+        queued = self.queue_seconds.labels(name)
+        self.queue_us_total.setdefault(name, 0.0)
+
+        def on_queue(ms: float) -> None:
+            queued.observe(ms / 1000)
+            self.queue_us_total[name] += ms * 1000
+
+        old_latency, old_queue = router.latency, router.queue_latency
+        router.latency = ObservedLatencyWindow(
+            window_s=old_latency.window_s,
+            max_samples=old_latency.max_samples,
+            observe=lambda ms: requests.observe(ms / 1000),
+        )
+        router.queue_latency = ObservedLatencyWindow(
+            window_s=old_queue.window_s, max_samples=old_queue.max_samples, observe=on_queue
+        )
+
+        def restore() -> None:
+            router.latency.observe = None  # type: ignore[attr-defined]
+            router.queue_latency.observe = None  # type: ignore[attr-defined]
+
+        self._restore.append(restore)
+
+    def close(self) -> None:
+        self._unsubscribe()
+        for restore in self._restore:
+            restore()
+        self._restore.clear()
+
+    def count_bad_request(self, model: str) -> None:
+        self.http_bad_requests[model] = self.http_bad_requests.get(model, 0) + 1
+
+    def on_event(self, e: dict[str, Any]) -> None:
+        kind, model = e.get("kind"), str(e.get("model", ""))
+        if kind == "phase_end":
+            duration = e.get("duration_s")
+            if not e.get("skipped") and isinstance(duration, (int, float)):
+                self.reload_phase_seconds.labels(model, str(e.get("phase"))).observe(duration)
+        elif kind == "reload_done":
+            trigger = str(e.get("trigger") or "unknown")
+            self.reloads.labels(model, "success", trigger).inc()
+            total = e.get("total_s")
+            if isinstance(total, (int, float)):
+                self.reload_seconds.labels(model).observe(total)
+        elif kind == "reload_failed":
+            trigger = str(e.get("trigger") or "unknown")
+            self.reloads.labels(model, "failed", trigger).inc()
+            self.reload_failures.labels(model, str(e.get("phase") or "unknown")).inc()
+        elif kind == "xid":
+            gpu = e.get("device_index")
+            self.xid_events.labels(
+                "" if gpu is None else str(gpu),
+                str(e.get("xid")),
+                str(e.get("name") or ""),
+                str(e.get("severity") or ""),
+            ).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SessionCollector:
+    """Reads host, router and GPU figures at scrape time."""
+
+    def __init__(self, metrics: SessionMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        session = self.metrics.session
+        hosts = list(session.hosts.values())
+        m = ["model"]
+        depth = GaugeMetricFamily(
+            "hotreload_queue_depth", "Requests waiting in the queue", labels=m
+        )
+        limit = GaugeMetricFamily("hotreload_queue_limit", "The queue's bound", labels=m)
+        inflight = GaugeMetricFamily(
+            "hotreload_inflight_requests", "Requests inside the worker", labels=m
+        )
+        requests = CounterMetricFamily(
+            "hotreload_requests",
+            "Finished requests by outcome (success, rejected, timed_out, failed) and reason",
+            labels=["model", "outcome", "reason"],
+        )
+        retried = CounterMetricFamily(
+            "hotreload_requests_retried", "Requests resent after their worker died", labels=m
+        )
+        version = GaugeMetricFamily("hotreload_model_version", "Version now serving", labels=m)
+        state = GaugeMetricFamily(
+            "hotreload_model_state", "1 for the model's current state", labels=["model", "state"]
+        )
+        ready = GaugeMetricFamily(
+            "hotreload_model_ready", "1 when the model takes requests", labels=m
+        )
+        load = GaugeMetricFamily(
+            "hotreload_model_load_seconds", "Load time of the serving version", labels=m
+        )
+        warm = GaugeMetricFamily(
+            "hotreload_model_warmup_seconds", "Warm-up time of the serving version", labels=m
+        )
+        restarts = CounterMetricFamily(
+            "hotreload_worker_restarts", "Workers restarted after dying or wedging", labels=m
+        )
+        tv = ["model", "version"]
+        nv_pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Triton alias of hotreload_queue_depth",
+            labels=tv,
+        )
+        nv_success = UnknownMetricFamily(
+            "nv_inference_request_success",
+            "Triton alias (counter): successful requests",
+            labels=tv,
+        )
+        nv_failure = UnknownMetricFamily(
+            "nv_inference_request_failure",
+            "Triton alias (counter): failed requests; reason REJECTED (queue full or timed "
+            "out), BACKEND (model error or worker lost), OTHER (bad request)",
+            labels=[*tv, "reason"],
+        )
+        nv_queue = UnknownMetricFamily(
+            "nv_inference_queue_duration_us",
+            "Triton alias (counter): cumulative queue time in microseconds",
+            labels=tv,
+        )
+        nv_load = GaugeMetricFamily(
+            "nv_model_load_duration_secs",
+            "Triton alias: load plus warm-up seconds of the serving version",
+            labels=tv,
+        )
+        for host in hosts:
+            name, r, c = host.name, host.router, host.router.counters
+            v = str(host.version)
+            depth.add_metric([name], r.depth)
+            limit.add_metric([name], r.max_queue_size)
+            inflight.add_metric([name], r.inflight)
+            bad = c.bad_request + self.metrics.http_bad_requests.get(name, 0)
+            for outcome, reason, value in (
+                ("success", "", c.ok),
+                ("rejected", "queue_full", c.rejected),
+                ("rejected", "bad_request", bad),
+                ("timed_out", "timeout", c.timed_out),
+                # The router counts model errors and lost workers together.
+                ("failed", "model_error_or_worker_lost", c.failed),
+            ):
+                requests.add_metric([name, outcome, reason], value)
+            retried.add_metric([name], c.retried)
+            version.add_metric([name], host.version)
+            for s in MODEL_STATES if host.state in MODEL_STATES else (*MODEL_STATES, host.state):
+                state.add_metric([name, s], 1.0 if s == host.state else 0.0)
+            ready.add_metric([name], 1.0 if model_ready(host)[0] else 0.0)
+            cur = host.current
+            if cur is not None:
+                load.add_metric([name], cur.load_s)
+                warm.add_metric([name], cur.warm_s)
+                nv_load.add_metric([name, v], cur.load_s + cur.warm_s)
+            restarts.add_metric([name], host.restarts)
+            nv_pending.add_metric([name, v], r.depth)
+            nv_success.add_metric([name, v], c.ok)
+            nv_failure.add_metric([name, v, "REJECTED"], c.rejected + c.timed_out)
+            nv_failure.add_metric([name, v, "BACKEND"], c.failed)
+            nv_failure.add_metric([name, v, "OTHER"], bad)
+            nv_queue.add_metric([name, v], self.metrics.queue_us_total.get(name, 0.0))
+        yield from (depth, limit, inflight, requests, retried, version, state, ready)
+        yield from (load, warm, restarts)
+        yield from _gpu_families(getattr(session, "gpu_snapshot", None))
+        yield from (nv_pending, nv_success, nv_failure, nv_queue, nv_load)
+
+
+def _gpu_families(snapshot: Any) -> Iterator[Metric]:
+    """Per-GPU gauges from a `hotreload.gpu.readings.GpuSnapshot` (duck-typed: this layer
+    never imports the GPU code); nothing when there is no snapshot or NVML is unavailable."""
+    if snapshot is None or not getattr(snapshot, "available", False):
+        return
+    labels = ["gpu", "name", "uuid"]
+    used = GaugeMetricFamily("hotreload_gpu_memory_used_bytes", "GPU memory in use", labels=labels)
+    total = GaugeMetricFamily("hotreload_gpu_memory_total_bytes", "GPU memory", labels=labels)
+    util = GaugeMetricFamily(
+        "hotreload_gpu_utilization_ratio", "GPU utilization, 0 to 1", labels=labels
+    )
+    for dev in snapshot.devices:
+        key = [str(dev.index), dev.name, dev.uuid]
+        if dev.problem:
+            continue
+        used.add_metric(key, dev.memory_used)
+        total.add_metric(key, dev.memory_total)
+        if dev.utilization_pct is not None:
+            util.add_metric(key, dev.utilization_pct / 100)
+    yield from (used, total, util)

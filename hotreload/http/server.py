@@ -1,0 +1,455 @@
+"""The KServe v2 HTTP endpoint (Open Inference Protocol), in the manager process.
+
+It serves the same routers and queues as the Unix socket: an HTTP infer request is parsed
+into the router's tensor header and raw bytes and submitted like a socket request, so the
+bounded queue, the admission gate of a reload and the timeouts apply to both alike.
+
+Routes (Triton's HTTP API, which `tritonclient.http` and `curl` scripts expect):
+
+    GET  /v2/health/live, /v2/health/ready, /v2
+    GET  /v2/models/{name}[/versions/{v}], .../ready
+    POST /v2/models/{name}[/versions/{v}]/infer
+    POST /v2/repository/index, /v2/repository/models/{name}/load, .../unload
+    GET  /metrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hotreload import __version__
+from hotreload.errors import (
+    BadRequestError,
+    ClientError,
+    HotreloadError,
+    ModelError,
+    QueueFullError,
+    RequestTimeoutError,
+    WorkerUnavailableError,
+)
+from hotreload.http.kserve import (
+    HEADER_LENGTH,
+    InferRequestError,
+    encode_infer_response,
+    kserve_datatype,
+    metadata_shape,
+    parse_infer_request,
+    to_router_request,
+)
+from hotreload.http.metrics import SessionMetrics, model_ready
+
+if TYPE_CHECKING:
+    from hotreload.engine.host import ModelHost
+    from hotreload.engine.session import Session
+
+SERVER_NAME = "hotreload"
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
+#: States in which a model has no worker at all; infer fails at once instead of queueing.
+_NO_WORKER_STATES = frozenset({"unloaded", "stopped"})
+#: How long aiohttp waits for running handlers (a load in progress) when the server closes.
+SHUTDOWN_TIMEOUT_S = 2.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HttpError(Exception):
+    """Answered as `{"error": message}` with `status` (and any extra fields)."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        self.status = status
+        self.message = message
+        self.extra = extra
+        super().__init__(message)
+
+
+def json_response(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(doc, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def _status_for(exc: ClientError) -> int:
+    if isinstance(exc, BadRequestError):
+        return 400
+    if isinstance(exc, RequestTimeoutError):
+        return 504
+    if isinstance(exc, (QueueFullError, WorkerUnavailableError)):
+        return 503
+    return 500
+
+
+def _client_error(exc: ClientError) -> HttpError:
+    if isinstance(exc, ModelError):
+        # str(ModelError) appends the traceback for terminals; JSON gets it as its own field.
+        message = str(exc).split("\n--- remote traceback ---", 1)[0]
+        return HttpError(500, message, traceback=exc.remote_traceback)
+    return HttpError(_status_for(exc), str(exc))
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error is `{"error": "..."}`: ours, aiohttp's (404, 405, 413) and bugs alike."""
+    try:
+        return await handler(request)
+    except HttpError as exc:
+        return json_response({"error": exc.message, **exc.extra}, exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        text = exc.text or exc.reason
+        if exc.status == 404:
+            text = f"no such endpoint: {request.method} {request.path}"
+        elif exc.status == 405:
+            text = f"{request.method} is not allowed on {request.path}"
+        return json_response({"error": text}, exc.status)
+    except Exception as exc:  # a bug: say so, keep serving
+        return json_response({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+
+class KServeApp:
+    """Request handlers over one session."""
+
+    def __init__(self, session: Session, metrics: SessionMetrics, max_body_bytes: int) -> None:
+        self.session = session
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.stopping = False
+        self._unsubscribe = session.events.subscribe(self._on_event)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") == "session_stopping":
+            self.stopping = True
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+    def build(self) -> web.Application:
+        # aiohttp refuses bodies over client_max_size with 413 (turned into JSON above).
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_errors_as_json])
+        get, post = web.get, web.post
+        model = "/v2/models/{name}"
+        version = "/v2/models/{name}/versions/{version}"
+        app.add_routes(
+            [
+                get("/v2/health/live", self.live),
+                get("/v2/health/ready", self.ready),
+                get("/v2", self.server_metadata),
+                get(model, self.model_metadata),
+                get(version, self.model_metadata),
+                get(model + "/ready", self.model_ready),
+                get(version + "/ready", self.model_ready),
+                post(model + "/infer", self.infer),
+                post(version + "/infer", self.infer),
+                post("/v2/repository/index", self.repository_index),
+                post("/v2/repository/models/{name}/load", self.load),
+                post("/v2/repository/models/{name}/unload", self.unload),
+                get("/metrics", self.prometheus),
+            ]
+        )
+        return app
+
+    # ------------------------------------------------------------------ helpers
+
+    def _host(self, request: web.Request) -> ModelHost:
+        name = request.match_info["name"]
+        host = self.session.hosts.get(name)
+        if host is None:
+            known = ", ".join(self.session.hosts)
+            raise HttpError(404, f"unknown model {name!r}; this session serves: {known}")
+        wanted = request.match_info.get("version")
+        if wanted is not None and wanted != str(host.version):
+            raise HttpError(
+                404,
+                f"model {name!r} version {wanted} is not available; version {host.version} "
+                "is serving (hotreload serves one version: leave the version out)",
+            )
+        return host
+
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw.strip():
+            return {}
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise HttpError(400, f"the body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise HttpError(400, "the body must be a JSON object")
+        return doc
+
+    # ------------------------------------------------------------------ health and metadata
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if self.stopping:
+            raise HttpError(400, "not ready: the server is shutting down")
+        problems = [why for ok, why in map(model_ready, self.session.hosts.values()) if not ok]
+        if problems:
+            # KServe: a 4xx status means "not ready"; Triton answers 400 too.
+            raise HttpError(400, "not ready: " + "; ".join(problems))
+        return web.Response(status=200)
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        ok, why = model_ready(self._host(request))
+        if not ok or self.stopping:
+            raise HttpError(400, f"not ready: {why or 'the server is shutting down'}")
+        return web.Response(status=200)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return json_response(
+            {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        )
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        host = self._host(request)
+        router = host.router
+        inputs = [
+            {
+                # One-input models take any input name; "input" is what the example uses.
+                "name": "input" if router.input_form == "single" else s["name"],
+                "datatype": kserve_datatype(s["dtype"]),
+                "shape": metadata_shape(s["shape"]),
+            }
+            for s in router.input_signature
+        ]
+        outputs = [
+            {
+                "name": o["name"],
+                "datatype": kserve_datatype(o["dtype"]),
+                "shape": metadata_shape(o["shape"]),
+            }
+            for o in (host.current.outputs if host.current else [])
+        ]
+        return json_response(
+            {
+                "name": host.name,
+                "versions": [str(host.version)] if host.version else [],
+                "platform": "pytorch",
+                "inputs": inputs,
+                "outputs": outputs,
+            }
+        )
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(self, request: web.Request) -> web.Response:
+        host = self._host(request)
+        if host.state in _NO_WORKER_STATES:
+            raise HttpError(
+                503,
+                f"model {host.name!r} is {host.state}; POST /v2/repository/models/"
+                f"{host.name}/load to load it",
+            )
+        length = request.content_length
+        if length is not None and length > self.max_body_bytes:
+            self.metrics.count_bad_request(host.name)
+            raise HttpError(
+                413,
+                f"the body has {length} bytes, over the {self.max_body_bytes} byte limit "
+                "(max_frame_mib in the config)",
+            )
+        body = await request.read()
+        router = host.router
+        try:
+            req = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
+            header, payload = to_router_request(req, router.input_form, router.input_signature)
+        except InferRequestError as exc:
+            self.metrics.count_bad_request(host.name)
+            raise HttpError(400, f"model {host.name!r}: {exc}") from None
+        try:
+            frame = await router.submit_future(header, payload)
+        except ClientError as exc:
+            raise _client_error(exc) from None
+        h = frame.header
+        try:
+            pieces, json_len = encode_infer_response(
+                host.name, int(h.get("version") or 0), req, h.get("tensors", []), frame.payload
+            )
+        except InferRequestError as exc:
+            raise HttpError(400, f"model {host.name!r}: {exc}") from None
+        headers = {}
+        if json_len is not None:
+            headers[HEADER_LENGTH] = str(json_len)
+            content_type = "application/octet-stream"
+        else:
+            content_type = "application/json"
+        resp = web.Response(
+            body=b"".join(pieces), headers=headers, content_type=content_type, status=200
+        )
+        accept = request.headers.get("Accept-Encoding", "")
+        if "gzip" in accept or "deflate" in accept:
+            resp.enable_compression()
+        return resp
+
+    # ------------------------------------------------------------------ repository
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        doc = await self._json_body(request)
+        only_ready = doc.get("ready") is True
+        entries = []
+        for host in self.session.hosts.values():
+            ok, why = model_ready(host)
+            if only_ready and not ok:
+                continue
+            entry: dict[str, Any] = {"name": host.name, "version": str(host.version)}
+            if ok:
+                entry["state"] = "READY"
+            elif host.state in ("starting", "loading", "warming", "restarting"):
+                entry["state"] = "LOADING"
+            else:
+                entry["state"] = "UNAVAILABLE"
+                entry["reason"] = host.last_error or why
+            entries.append(entry)
+        return json_response(entries)
+
+    async def load(self, request: web.Request) -> web.Response:
+        """Reload (or load an unloaded) model through the serialized reload path; answer
+        only when it has succeeded or failed, with the error in the body on failure."""
+        host = self._host(request)
+        doc = await self._json_body(request)
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict) or any(
+            k == "config" or k.startswith("file:") for k in params
+        ):
+            raise HttpError(
+                400,
+                "load with a config or files override is not supported; edit the model's "
+                "files (or hotreload.toml) and load again",
+            )
+        reload_model = getattr(self.session, "reload_model", None)
+        if reload_model is None:
+            raise HttpError(501, "this hotreload session has no reload support")
+        # Shielded: a client that hangs up must not cancel a reload half way.
+        outcome = await asyncio.shield(
+            reload_model(host.name, trigger="http", detail=[f"POST {request.path}"])
+        )
+        result = {
+            "model": outcome.model,
+            "version": outcome.version,
+            "total_s": round(outcome.total_s, 4),
+            "phases": {k: round(v, 4) for k, v in outcome.phases.items()},
+            "policy": outcome.policy,
+            "strategy": outcome.strategy,
+        }
+        if outcome.ok:
+            return json_response(result)
+        serving = (
+            f"; version {outcome.version} keeps serving"
+            if outcome.version
+            else "; no version is serving"
+        )
+        raise HttpError(
+            500,
+            f"failed to load {host.name!r} in {outcome.phase or 'reload'}: {outcome.error}"
+            + serving,
+            phase=outcome.phase,
+            traceback=outcome.traceback,
+            **result,
+        )
+
+    async def unload(self, request: web.Request) -> web.Response:
+        host = self._host(request)
+        await self._json_body(request)  # unload_dependents and friends: nothing depends here
+        unload_model = getattr(self.session, "unload_model", None)
+        if unload_model is None:
+            raise HttpError(501, "this hotreload session has no unload support")
+        await asyncio.shield(unload_model(host.name))
+        return json_response({"model": host.name, "state": host.state})
+
+    # ------------------------------------------------------------------ metrics
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=self.metrics.exposition())
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+
+class HttpEndpoint:
+    """A running HTTP endpoint: `.port` (the bound one), `.url`, `await close()`."""
+
+    def __init__(self, app: KServeApp, host: str) -> None:
+        self._app = app
+        self._runners: list[web.AppRunner] = []
+        self.host = host
+        self.port = 0
+        #: Port of the metrics-only listener (Triton's 8002), or None.
+        self.metrics_port: int | None = None
+        self.metrics = app.metrics
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return _url(self.host, self.port)
+
+    async def listen(self, app: web.Application, port: int) -> int:
+        """Serve `app` on host:port; returns the bound port."""
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.close()
+            raise HotreloadError(
+                f"cannot serve HTTP on {self.host}:{port}: {exc.strerror or exc}; choose "
+                "another address with --http HOST:PORT or [http] host/port in the config"
+            ) from exc
+        return int(runner.addresses[0][1]) if runner.addresses else port
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._app.close()
+        self.metrics.close()
+        for runner in self._runners:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def start_http(
+    session: Session,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    metrics_port: int | None = None,
+) -> HttpEndpoint:
+    """Serve the KServe v2 API and /metrics for `session` on host:port (port 0: any free
+    port); with `metrics_port`, /metrics alone on that port too, where Triton serves it
+    (8002), so Triton users' scrape configs and `curl localhost:8002/metrics` work as-is.
+
+    Call it before the models start, so readiness is observable during warm-up.
+    """
+    kapp = KServeApp(session, SessionMetrics(session), session.config.max_frame_bytes)
+    endpoint = HttpEndpoint(kapp, host)
+    endpoint.port = await endpoint.listen(kapp.build(), port)
+    if metrics_port is not None:
+        metrics_app = web.Application(middlewares=[_errors_as_json])
+        metrics_app.add_routes([web.get("/metrics", kapp.prometheus)])
+        endpoint.metrics_port = await endpoint.listen(metrics_app, metrics_port)
+    session.events.emit(
+        "http_started",
+        url=endpoint.url,
+        host=host,
+        port=endpoint.port,
+        metrics_url=_url(host, endpoint.metrics_port) + "/metrics"
+        if endpoint.metrics_port is not None
+        else endpoint.url + "/metrics",
+    )
+    return endpoint

@@ -1,0 +1,61 @@
+"""Fixtures for the HTTP endpoint: a real session process serving KServe v2 on a free port.
+
+Every process is stopped (then its whole group killed) at teardown by `ServeProcess.close`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import ServeProcess
+
+
+class HttpServeProcess(ServeProcess):
+    """`hotreload serve --config PATH --http 127.0.0.1:0`: a session with its HTTP endpoint."""
+
+    def __init__(self, config: Path, *args: str) -> None:
+        super().__init__(config, "--http", "127.0.0.1:0", *args)
+
+    def _printed_url(self, prefix: str) -> str:
+        self.wait_for(prefix, 60)
+        for line in self.lines:
+            m = re.search(re.escape(prefix) + r"(http://\S+)", line)
+            if m:
+                return m.group(1)
+        raise AssertionError(f"no {prefix!r} URL in output:\n{self.output}")
+
+    @property
+    def url(self) -> str:
+        return self._printed_url("http: listening on ")
+
+    @property
+    def metrics_url(self) -> str:
+        """The metrics-only listener's /metrics URL (started with --metrics-port)."""
+        return self._printed_url("http: metrics on ")
+
+    @property
+    def address(self) -> str:
+        """host:port, the form tritonclient wants."""
+        return self.url.removeprefix("http://")
+
+
+@pytest.fixture
+def http_serve() -> Iterator[Callable[..., HttpServeProcess]]:
+    """Start HTTP-serving sessions: `http_serve(config, *launcher_args, wait_ready=True)`;
+    every one is stopped (then killed) at teardown."""
+    started: list[HttpServeProcess] = []
+
+    def factory(config: Path, *args: str, wait_ready: bool = True) -> HttpServeProcess:
+        proc = HttpServeProcess(config, *args)
+        started.append(proc)
+        if wait_ready:
+            proc.wait_ready()
+        return proc
+
+    yield factory
+    for proc in started:
+        proc.close()
