@@ -8,7 +8,7 @@ clients (tritonclient's wire format: binary input, binary output) spread over tw
 processes, and edits `model.py` every `--every` seconds. With `--trigger api` (default) each
 edit is followed by `POST /v2/repository/models/mlp/load` (what `tritonclient`'s
 `load_model` sends); with `--trigger edit` only the file is written and the session's own
-watcher must notice it (give a `--server-cmd` that watches, with `{config}` and `{port}`).
+watcher must notice it (`hotreload watch --http`).
 
 Reported per run: sent, ok, failed; p50/p99 overall, outside reloads (steady) and inside
 reload windows (a request whose [send, reply] interval overlaps [edit, reload finished]);
@@ -42,32 +42,6 @@ from common import REPO, Server, percentile
 
 #: Run as `http_reload.py --serve-session CONFIG PORT`: a session with its HTTP endpoint,
 #: for engines whose `hotreload serve` has no `--http` yet.
-SERVE_FLAG = "--serve-session"
-
-
-async def _serve_session(config: str, port: int) -> int:
-    from hotreload.config import load_config
-    from hotreload.engine.printer import PlainPrinter
-    from hotreload.engine.serve import install_stop_signals
-    from hotreload.engine.session import Session
-    from hotreload.http import start_http
-
-    session = Session(load_config(config))
-    session.events.subscribe(PlainPrinter())
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    endpoint = await start_http(session, "127.0.0.1", port)
-    print(f"http: listening on {endpoint.url}", flush=True)
-    try:
-        await session.start()
-        print("serving", flush=True)
-        await stop.wait()
-    finally:
-        await session.stop()
-        await endpoint.close()
-    return 0
-
-
 # ----------------------------------------------------------------------------- clients
 
 
@@ -254,7 +228,9 @@ def run_once(
         cmd = shlex.split(server_cmd.format(config=config, port=port))
         ready = "serving"
     else:
-        cmd = [sys.executable, __file__, SERVE_FLAG, str(config), str(port)]
+        command = "watch" if trigger == "edit" else "serve"
+        cmd = [sys.executable, "-m", "hotreload", command, "--config", str(config)]
+        cmd += ["--http", f"127.0.0.1:{port}"] + (["--no-tui"] if command == "watch" else [])
         ready = "serving"
     server = Server(cmd, ready, proj)
     url = f"http://127.0.0.1:{port}"
@@ -347,8 +323,6 @@ def report(r: RunResult, trigger: str) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] == SERVE_FLAG:
-        return asyncio.run(_serve_session(sys.argv[2], int(sys.argv[3])))
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--clients", type=int, nargs="+", default=[32, 200])
     parser.add_argument("--seconds", type=float, default=24.0)
@@ -366,11 +340,9 @@ def main() -> int:
     parser.add_argument(
         "--server-cmd",
         help="command serving HTTP on {port} for {config}, printing 'serving' when ready "
-        "(default: a session with start_http, no watcher)",
+        "(default: `hotreload serve --http`, or `hotreload watch --http` with --trigger edit)",
     )
     args = parser.parse_args()
-    if args.trigger == "edit" and not args.server_cmd:
-        parser.error("--trigger edit needs a --server-cmd that watches the files")
     print(
         f"HTTP reload benchmark: example MLP, 1x64 FP32 binary, reload every {args.every:g} s "
         f"for {args.seconds:g} s, {os.cpu_count()} cores, strategy {args.strategy or 'inplace'}, "
