@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-exec .venv/bin/hotreload serve --config examples/mlp/hotreload.toml "$@"
+exec .venv/bin/hotreload watch --config examples/mlp/hotreload.toml "$@"
