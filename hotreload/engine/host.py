@@ -33,6 +33,7 @@ STATES = (
     "failed",
     "wedged",
     "stopped",
+    "unloaded",
 )
 
 

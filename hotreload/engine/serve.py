@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hotreload.config import Config, load_config, with_cli_overrides
@@ -22,27 +23,36 @@ def install_stop_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def _serve(config: Config) -> int:
-    session = Session(config)
-    printer = PlainPrinter()
-    session.events.subscribe(printer)
-    stop = asyncio.Event()
-    install_stop_signals(stop)
+async def run_until_signal(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    banner: Callable[[], str],
+) -> int:
+    """Plain mode: start, print the banner, serve until SIGINT/SIGTERM, then stop cleanly."""
+    stopping = asyncio.Event()
+    install_stop_signals(stopping)
     try:
         try:
-            await session.start()
+            await start()
         except BringUpError:
             return EXIT_FAILURE  # the event printer already showed the error and traceback
-        print(
-            f"serving {len(session.hosts)} model(s) on {session.socket_path} - Ctrl-C to stop",
-            flush=True,
-        )
-        await stop.wait()
+        print(banner(), flush=True)
+        await stopping.wait()
         print("stopping: draining requests and stopping workers...", flush=True)
         return EXIT_OK
     finally:
-        await session.stop()
+        await stop()
         print("stopped", flush=True)
+
+
+async def _serve(config: Config) -> int:
+    session = Session(config)
+    session.events.subscribe(PlainPrinter())
+    return await run_until_signal(
+        session.start,
+        session.stop,
+        lambda: f"serving {len(session.hosts)} model(s) on {session.socket_path} - Ctrl-C to stop",
+    )
 
 
 def serve_main(config_path: str | None, **overrides: Any) -> int:

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, load_config, with_cli_overrides
-from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
-from hotreload.engine.serve import install_stop_signals
+from hotreload.engine.serve import run_until_signal
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
 from hotreload.errors import ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_USAGE
 
 
 class WatchSession:
@@ -60,24 +59,14 @@ def _rel(path: Path, root: Path) -> str:
 async def _watch_plain(config: Config) -> int:
     ws = WatchSession(config)
     ws.session.events.subscribe(PlainPrinter())
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    try:
-        try:
-            await ws.start()
-        except BringUpError:
-            return EXIT_FAILURE
-        print(
+    return await run_until_signal(
+        ws.start,
+        ws.stop,
+        lambda: (
             f"serving {len(ws.session.hosts)} model(s) on {ws.session.socket_path}; "
-            "edit a file to reload - Ctrl-C to stop",
-            flush=True,
-        )
-        await stop.wait()
-        print("stopping: draining requests and stopping workers...", flush=True)
-        return EXIT_OK
-    finally:
-        await ws.stop()
-        print("stopped", flush=True)
+            "edit a file to reload - Ctrl-C to stop"
+        ),
+    )
 
 
 def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: Any) -> int:
