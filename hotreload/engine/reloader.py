@@ -416,21 +416,67 @@ class Reloader:
             with contextlib.suppress(Exception):
                 await worker.request("release", 30.0, which="staged")
             raise
-        await self._gate_drain_sync(worker, outcome)
-
-        async def swap() -> None:
-            await worker.request("swap", 30.0)
-            host.current = info
-            host.router.input_form, host.router.input_signature = info.input_form, info.inputs
-
-        await self._phase("swap", outcome, swap)
-        await self._resume(outcome)
+        await self._inband_swap(worker, info, outcome)
 
         async def release() -> dict[str, Any]:
             r = await worker.request("release", host.model.deadlines.stop_s, which="retired")
             return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
 
         await self._phase("release", outcome, release)
+
+    async def _inband_swap(
+        self, worker: WorkerProcess, info: VersionInfo, outcome: ReloadOutcome
+    ) -> None:
+        """gate, drain, sync and swap without pausing admission (availability, inplace).
+
+        The swap goes to the worker's serving thread behind the requests already sent: when
+        it runs, they have all finished (the drain); the thread then polls the old
+        version's streams to the sync deadline and switches. New requests keep flowing to
+        the worker meanwhile and queue behind the swap, so serving never stops.
+        """
+        host, d = self.host, self.host.model.deadlines
+        reply: dict[str, Any] = {}
+
+        async def gate() -> dict[str, Any]:
+            return {"skipped": True, "reason": "in-band swap: admission stays open"}
+
+        async def drain() -> dict[str, Any]:
+            n = host.router.inflight
+            try:
+                reply.update(
+                    await asyncio.wait_for(
+                        worker.request("swap", None, inband=True, sync_deadline_s=d.sync_s),
+                        d.drain_s + d.sync_s,
+                    )
+                )
+            except TimeoutError:
+                raise Wedged(
+                    "drain",
+                    f"requests sent before the swap still running after the {d.drain_s:g} s "
+                    "drain deadline: a forward is hung",
+                ) from None
+            except WorkerReplyError as exc:
+                if exc.code == "streams_busy":
+                    raise Wedged("sync", str(exc)) from None
+                raise
+            return {"detail": f"{n} request(s) in flight finished before the swap"}
+
+        async def sync() -> dict[str, Any]:
+            s = reply.get("sync") or {}
+            if s.get("skipped"):
+                return {"skipped": True, "reason": s.get("reason")}
+            n, ms = len(s.get("streams", [])), s.get("waited_s", 0.0) * 1000
+            return {"detail": f"{n} stream(s) idle after {ms:.1f} ms (polled by the worker)"}
+
+        async def swap() -> None:
+            host.current = info
+            host.router.input_form, host.router.input_signature = info.input_form, info.inputs
+            host.set_state("serving", version=info.version)
+
+        await self._phase("gate", outcome, gate)
+        await self._phase("drain", outcome, drain)
+        await self._phase("sync", outcome, sync)
+        await self._phase("swap", outcome, swap)
 
     async def _inplace_resource(self, job: _Job, outcome: ReloadOutcome) -> None:
         host = self.host

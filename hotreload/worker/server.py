@@ -202,6 +202,27 @@ class Worker:
     def op_swap(self, frame: Frame) -> None:
         if self.staged is None:
             raise LoadError("swap asked for but no version is staged")
+        h = frame.header
+        sync: dict[str, Any] | None = None
+        if h.get("inband"):
+            # In-band swap, on the serving thread: every request sent before it has finished
+            # (that is the drain), so only the old version's own and registered streams may
+            # still hold work. Poll them to the deadline before the new version serves.
+            sync = self._sync_version(self.current, float(h.get("sync_deadline_s", 5.0)))
+            if not sync.get("skipped") and not sync.get("idle"):
+                self.send(
+                    {
+                        "id": h["id"],
+                        "ok": False,
+                        "error": {
+                            "code": "streams_busy",
+                            "message": "stream(s) still busy after the sync deadline: "
+                            + ", ".join(sync["busy"]),
+                            "sync": sync,
+                        },
+                    }
+                )
+                return
         if self.current is not None:
             # Under the resource policy the old version was offloaded to `retired` already.
             if self.retired is not None:
@@ -209,7 +230,7 @@ class Worker:
             self.retired = self.current
         self.current, self.staged = self.staged, None
         self.state = "serving"
-        self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
+        self.send({"id": h["id"], "ok": True, "version": self.current.version, "sync": sync})
 
     def op_release(self, frame: Frame) -> None:
         which = frame.header.get("which", "retired")
@@ -243,24 +264,18 @@ class Worker:
         self.state = "serving"
         self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
 
-    def op_sync(self, frame: Frame) -> None:
-        h = frame.header
-        which = h.get("which", "current")
-        mv = {"retired": self.retired, "current": self.current}.get(which)
+    def _sync_version(self, mv: ModelVersion | None, deadline_s: float) -> dict[str, Any]:
         if self.device.type != "cuda":
-            self.send(
-                {
-                    "id": h["id"],
-                    "ok": True,
-                    "skipped": True,
-                    "reason": "CPU device: no CUDA streams",
-                }
-            )
-            return
+            return {"skipped": True, "reason": "CPU device: no CUDA streams"}
         from hotreload.worker.sync import sync_streams
 
-        outcome = sync_streams(mv.version if mv else None, float(h.get("deadline_s", 5.0)))
-        self.send({"id": h["id"], "ok": True, "skipped": False, **outcome})
+        return {"skipped": False, **sync_streams(mv.version if mv else None, deadline_s)}
+
+    def op_sync(self, frame: Frame) -> None:
+        h = frame.header
+        mv = {"retired": self.retired, "current": self.current}.get(h.get("which", "current"))
+        outcome = self._sync_version(mv, float(h.get("deadline_s", 5.0)))
+        self.send({"id": h["id"], "ok": True, **outcome})
 
     def op_status(self, frame: Frame) -> None:
         if frame.header.get("collect"):
@@ -350,7 +365,9 @@ class Worker:
             if op == "shutdown":
                 self.send({"id": frame.header.get("id"), "ok": True})
                 break
-            if op == "warm":
+            if op == "swap" and frame.header.get("inband"):
+                serve_q.put((self.op_swap, frame))
+            elif op == "warm":
                 # Re-warming the serving version shares its thread; a staged one, the loader's.
                 current = frame.header.get("target") == "current"
                 (serve_q if current else self.load_q).put((self.op_warm, frame))
