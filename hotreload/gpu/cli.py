@@ -77,16 +77,21 @@ def _tail(f: TextIO, stop: threading.Event, poll_s: float = 0.2) -> Iterator[str
 
 
 def _print_lines(lines: Iterable[str], as_json: bool, out: TextIO) -> None:
-    from hotreload.gpu.xid_parse import parse_line
+    from hotreload.gpu.xid_parse import parse_lines
 
-    for line in lines:
-        ev = parse_line(line, source="file")
-        if ev is not None:
-            _emit(ev, as_json, out)
+    for ev in parse_lines(lines, source="file"):
+        _emit(ev, as_json, out)
 
 
-def _stop_after(duration: float | None) -> threading.Event:
-    stop = threading.Event()
+_KERNEL_LOG_HINT = (
+    "  run it as root, join the adm or systemd-journal group, or pipe a log in: "
+    "`sudo dmesg | hotreload xid --from -`"
+)
+
+
+def _stop_after(duration: float | None, stop: threading.Event | None = None) -> threading.Event:
+    """`stop`, or a new event, set once `duration` seconds have passed (never if None)."""
+    stop = stop or threading.Event()
     if duration is not None:
         timer = threading.Timer(duration, stop.set)
         timer.daemon = True
@@ -101,21 +106,23 @@ def xid_main(
     duration: float | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
-    """The work behind `hotreload xid`."""
+    """The work behind `hotreload xid`. With `follow`, setting `stop` ends it, as does
+    `duration` running out."""
     # Resolved per call, not at import: tests and embedding callers swap sys.stdout.
     out = out or sys.stdout
     err = err or sys.stderr
     try:
         if source is not None:
-            return _xid_from_file(source, follow, as_json, duration, out, err)
+            return _xid_from_file(source, follow, as_json, _stop_after(duration, stop), out, err)
         if follow:
-            return _xid_follow_live(as_json, duration, out, err)
+            return _xid_follow_live(as_json, _stop_after(duration, stop), out, err)
         from hotreload.gpu.kernel_log import read_kernel_log_once
 
         lines, how = read_kernel_log_once()
         if lines is None:
-            err.write(f"hotreload xid: cannot read the kernel log: {how}\n")
+            err.write(f"hotreload xid: cannot read the kernel log: {how}\n{_KERNEL_LOG_HINT}\n")
             return EXIT_ENVIRONMENT
         _print_lines(lines, as_json, out)
         return EXIT_OK
@@ -126,7 +133,7 @@ def xid_main(
 
 
 def _xid_from_file(
-    source: str, follow: bool, as_json: bool, duration: float | None, out: TextIO, err: TextIO
+    source: str, follow: bool, as_json: bool, stop: threading.Event, out: TextIO, err: TextIO
 ) -> int:
     if source == "-":
         f: TextIO = sys.stdin
@@ -134,11 +141,14 @@ def _xid_from_file(
         try:
             f = open(source, encoding="utf-8", errors="replace")  # noqa: SIM115
         except OSError as exc:
-            err.write(f"hotreload xid: cannot read {source}: {exc.strerror or exc}\n")
+            err.write(
+                f"hotreload xid: cannot read {source}: {exc.strerror or exc}; "
+                "give a readable log file, or '-' to read stdin\n"
+            )
             return EXIT_USAGE
     try:
         if follow:
-            _print_lines(_tail(f, _stop_after(duration)), as_json, out)
+            _print_lines(_tail(f, stop), as_json, out)
         else:
             _print_lines(f, as_json, out)
     finally:
@@ -147,7 +157,7 @@ def _xid_from_file(
     return EXIT_OK
 
 
-def _xid_follow_live(as_json: bool, duration: float | None, out: TextIO, err: TextIO) -> int:
+def _xid_follow_live(as_json: bool, stop: threading.Event, out: TextIO, err: TextIO) -> int:
     from hotreload.gpu.xid import XidMonitor
 
     lock = threading.Lock()
@@ -165,12 +175,15 @@ def _xid_follow_live(as_json: bool, duration: float | None, out: TextIO, err: Te
             err.write(f"xid source {s.name}: {state} ({s.reason})\n")
         err.flush()
         if not any(s.active for s in monitor.sources):
-            err.write("hotreload xid: no Xid source can be read\n")
+            err.write(f"hotreload xid: no Xid source can be read\n{_KERNEL_LOG_HINT}\n")
             return EXIT_ENVIRONMENT
-        stop = _stop_after(duration)
         while not stop.wait(0.2):
             if not any(s.active for s in monitor.sources):
-                err.write("hotreload xid: every Xid source stopped\n")
+                reasons = "; ".join(f"{s.name}: {s.reason}" for s in monitor.sources)
+                err.write(
+                    f"hotreload xid: every Xid source stopped ({reasons}); "
+                    "`hotreload doctor` checks what this machine can read\n"
+                )
                 return EXIT_ENVIRONMENT
         return EXIT_OK
     except KeyboardInterrupt:
@@ -190,7 +203,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if dirs is None and args.config:
         config = Path(args.config)
         if not config.is_file():
-            sys.stderr.write(f"hotreload doctor: config not found: {config}\n")
+            sys.stderr.write(
+                f"hotreload doctor: config not found: {config}; pass an existing file, "
+                "or the folders to check with --watch DIR\n"
+            )
             return EXIT_USAGE
         dirs = [config.resolve().parent]
     return run_doctor(watch_dirs=dirs, as_json=args.json)

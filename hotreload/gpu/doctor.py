@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK
 from hotreload.gpu import kernel_log
 from hotreload.gpu.nvml import GpuSnapshot, take_snapshot
+from hotreload.gpu.readings import format_cuda_version
 from hotreload.gpu.reset import ResetProbes, check_reset
 from hotreload.gpu.xid_parse import parse_lines
 
@@ -125,10 +126,6 @@ def probe_python_env(timeout_s: float = 90.0) -> dict[str, Any]:
         return {"probe_error": tail[0]}
 
 
-def _cuda_ver(v: int | None) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}" if v else "?"
-
-
 def check_gpus(snap: GpuSnapshot) -> list[Check]:
     if not snap.available:
         gpus = Check(
@@ -209,11 +206,11 @@ def check_cuda_python(env: dict[str, Any], snap: GpuSnapshot) -> Check:
         return Check(
             "cuda-python",
             WARN,
-            f"{ver} targets CUDA {_cuda_ver(runtime)} but the driver supports CUDA "
-            f"{_cuda_ver(driver)}",
+            f"{ver} targets CUDA {format_cuda_version(runtime)} but the driver supports CUDA "
+            f"{format_cuda_version(driver)}",
             f"pip install 'cuda-python<{runtime // 1000}' or upgrade the driver",
         )
-    return Check("cuda-python", OK, f"{ver}; driver supports CUDA {_cuda_ver(driver)}")
+    return Check("cuda-python", OK, f"{ver}; driver supports CUDA {format_cuda_version(driver)}")
 
 
 def check_xid_sources(choice: kernel_log.KernelLogChoice, snap: GpuSnapshot) -> Check:
@@ -231,7 +228,12 @@ def check_xid_sources(choice: kernel_log.KernelLogChoice, snap: GpuSnapshot) -> 
 
 def check_recent_xids(lines: list[str] | None, how: str) -> Check:
     if lines is None:
-        return Check("recent Xids", WARN, f"cannot read the kernel log ({how})", "")
+        return Check(
+            "recent Xids",
+            WARN,
+            f"cannot read the kernel log ({how})",
+            "run as root, or `sudo dmesg | hotreload xid --from -` to read it once",
+        )
     events = list(parse_lines(lines))
     if not events:
         return Check("recent Xids", OK, f"none in the kernel log ({how})")

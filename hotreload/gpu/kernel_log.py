@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 KMSG_PATH = "/dev/kmsg"
 # A /dev/kmsg record: "prio,seq,usec,flags[,...];message".
-_KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_KMSG_RECORD = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+# kmsg's escape for unprintable bytes (newline, backslash, non-ASCII) in a message.
+_KMSG_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _UPTIME_PREFIX = re.compile(r"^\s*\[\s*(\d+\.\d+)\]")
 
 
@@ -89,6 +91,23 @@ def _uptime() -> float | None:
         return None
 
 
+def kmsg_record_lines(raw: bytes) -> list[str]:
+    """One /dev/kmsg record as the lines `dmesg` would print for it.
+
+    kmsg escapes newlines and other unprintable bytes as `\\xNN`; a multi-line message
+    (the driver's "fallen off the bus" report is one) becomes its lines again, the first
+    prefixed with "[  uptime]", the rest indented like dmesg's continuation lines.
+    """
+    m = _KMSG_RECORD.match(raw)
+    if m is None:
+        text = raw.decode("utf-8", "replace")
+        return [text] if text else []
+    usec = int(m.group(3))
+    body = _KMSG_ESCAPE.sub(lambda e: bytes([int(e.group(1), 16)]), m.group(4))
+    first, *rest = body.decode("utf-8", "replace").split("\n")
+    return [f"[{usec / 1e6:12.6f}] {first}", *(f"{' ' * 15}{line}" for line in rest)]
+
+
 def follow_kmsg(stop: threading.Event, path: str = KMSG_PATH, poll_s: float = 0.2) -> Iterator[str]:
     """Yield each new record's message from /dev/kmsg (older records are skipped).
 
@@ -119,15 +138,9 @@ def follow_kmsg(stop: threading.Event, path: str = KMSG_PATH, poll_s: float = 0.
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for raw in lines:
-                text = raw.decode("utf-8", "replace")
-                if text.startswith(" "):  # continuation line ("KEY=value" dictionary)
+                if raw.startswith(b" "):  # continuation line ("KEY=value" dictionary)
                     continue
-                m = _KMSG_RECORD.match(text)
-                if m:
-                    usec = int(m.group(3))
-                    yield f"[{usec / 1e6:12.6f}] {m.group(4)}"
-                elif text:
-                    yield text
+                yield from kmsg_record_lines(raw)
     finally:
         os.close(fd)
 

@@ -5,9 +5,9 @@ Every NVML call goes through `NvmlGateway.call`, which turns NVML errors into
 The library is loaded and initialised lazily on first use (so importing this module costs
 nothing and never touches the driver) and shut down at interpreter exit.
 
-Readings are frozen dataclasses (`GpuSnapshot`, `GpuDevice`, `GpuProcess`): widgets and the
-engine read snapshots and never reach the hardware. `GpuSampler` takes readings on one
-long-lived thread at a fixed interval, never overlapping itself.
+Readings are frozen dataclasses (`GpuSnapshot`, `GpuDevice`, `GpuProcess`, in `readings`):
+widgets and the engine read snapshots and never reach the hardware. `GpuSampler` (in
+`sampler`, re-exported here) takes readings on one long-lived thread at a fixed interval.
 
 The seam for tests is `_load_pynvml`: a test swaps it (and calls `reset_gateway()`) to inject
 one scripted fake `pynvml` module; nothing else is mocked.
@@ -23,11 +23,28 @@ from collections.abc import Callable, Collection, Sequence
 from types import ModuleType
 from typing import Any
 
-from hotreload.gpu.readings import GpuDevice, GpuProcess, GpuSnapshot, normalize_bus_id
+from hotreload.gpu.nvml_errors import (
+    FIELD_RECOVERY_ACTION,
+    MISSING_KINDS,
+    RECOVERY_ACTIONS,
+    REINIT_KINDS,
+    NvmlUnavailable,
+    translate_error,
+)
+from hotreload.gpu.readings import (
+    GpuDevice,
+    GpuProcess,
+    GpuSnapshot,
+    format_cuda_version,
+    normalize_bus_id,
+)
+from hotreload.gpu.sampler import GpuSampler
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "RECOVERY_ACTIONS",
+    "REINIT_KINDS",
     "GpuDevice",
     "GpuProcess",
     "GpuSampler",
@@ -40,61 +57,6 @@ __all__ = [
     "reset_gateway",
     "take_snapshot",
 ]
-
-#: NVML field id of the driver's recommended recovery action
-#: (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
-FIELD_RECOVERY_ACTION = 230
-#: Recovery action values as NVML defines them (`NVML_GPU_RECOVERY_ACTION_*`).
-RECOVERY_ACTIONS: dict[int, str] = {
-    0: "none",
-    1: "GPU reset required",
-    2: "node reboot required",
-    3: "drain P2P",
-    4: "drain and reset",
-    5: "recover IMEX domain",
-    6: "bus reset",
-    7: "system reboot",
-}
-
-# Error class names (as pynvml generates them) → the kind we report and the reason shown.
-_ERROR_KINDS: dict[str, tuple[str, str]] = {
-    "NVMLError_LibraryNotFound": (
-        "library_not_found",
-        "NVML library not found (libnvidia-ml.so.1): no NVIDIA driver installed",
-    ),
-    "NVMLError_DriverNotLoaded": ("driver_not_loaded", "NVIDIA driver not loaded"),
-    "NVMLError_NoPermission": ("no_permission", "no permission to query NVML"),
-    "NVMLError_NotSupported": ("not_supported", "not supported on this GPU or driver"),
-    "NVMLError_GpuIsLost": ("gpu_lost", "GPU lost (fallen off the bus?)"),
-    "NVMLError_LibRmVersionMismatch": (
-        "version_mismatch",
-        "NVML library and kernel driver versions differ (reboot after a driver upgrade)",
-    ),
-    "NVMLError_FunctionNotFound": ("function_not_found", "function not in this driver's NVML"),
-    "NVMLError_Uninitialized": ("uninitialized", "NVML not initialised"),
-    "NVMLError_Timeout": ("timeout", "timed out"),
-    "NVMLError_ResetRequired": ("reset_required", "GPU requires a reset"),
-    "NVMLError_InsufficientPower": ("insufficient_power", "GPU has insufficient power"),
-    "NVMLError_ArgumentVersionMismatch": ("version_mismatch", "struct version not supported"),
-    "NVMLError_NotFound": ("not_found", "not found"),
-    "NVMLError_InvalidArgument": ("invalid_argument", "invalid argument"),
-}
-
-#: Kinds after which the whole NVML session must be re-created (shutdown + init).
-REINIT_KINDS = frozenset({"gpu_lost", "uninitialized", "driver_not_loaded", "reset_required"})
-#: Kinds that mean "this optional reading is just not there".
-_MISSING_KINDS = frozenset(
-    {"not_supported", "function_not_found", "version_mismatch", "not_found", "invalid_argument"}
-)
-
-
-class NvmlUnavailable(Exception):
-    """An NVML call failed; `kind` is machine-readable, `reason` is for people."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
 
 
 def _load_pynvml() -> ModuleType:
@@ -109,10 +71,6 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
-
-
-def _format_cuda_version(value: int) -> str:
-    return f"{value // 1000}.{(value % 1000) // 10}"
 
 
 class NvmlGateway:
@@ -206,25 +164,9 @@ class NvmlGateway:
             if generation is None or generation == self._generation:
                 self._needs_reinit = True
 
-    @property
-    def module(self) -> ModuleType | None:
-        return self._nvml
-
     def translate(self, exc: BaseException) -> NvmlUnavailable:
         """Turn any exception from pynvml into NvmlUnavailable with a plain reason."""
-        if isinstance(exc, NvmlUnavailable):
-            return exc
-        name = type(exc).__name__
-        for klass in type(exc).__mro__:
-            if klass.__name__ in _ERROR_KINDS:
-                name = klass.__name__
-                break
-        if name in _ERROR_KINDS:
-            kind, reason = _ERROR_KINDS[name]
-            return NvmlUnavailable(kind, reason)
-        if name.startswith("NVMLError"):
-            return NvmlUnavailable("nvml_error", f"NVML error: {exc}")
-        return NvmlUnavailable("error", f"{name}: {exc}")
+        return translate_error(exc)
 
     # -- calls ---------------------------------------------------------------------------
     def call(self, fn_name: str, *args: Any, **kwargs: Any) -> Any:
@@ -270,7 +212,7 @@ class NvmlGateway:
         try:
             return self.call(fn_name, *args)
         except NvmlUnavailable as err:
-            if err.kind in _MISSING_KINDS or err.kind in ("no_permission", "nvml_error"):
+            if err.kind in MISSING_KINDS or err.kind in ("no_permission", "nvml_error"):
                 return None
             raise
 
@@ -358,7 +300,7 @@ class NvmlGateway:
             cuda = None
         return (
             _text(driver) if driver is not None else None,
-            _format_cuda_version(int(cuda)) if cuda is not None else None,
+            format_cuda_version(int(cuda)) if cuda is not None else None,
         )
 
     def read_device(self, index: int, own_pids: Collection[int]) -> GpuDevice:
@@ -480,85 +422,3 @@ def free_memory_bytes(device_index: int) -> int | None:
         log.exception("unexpected error reading free memory")
         return None
     return free
-
-
-class GpuSampler:
-    """Takes a reading every `interval_s` on one thread and hands it to `on_snapshot`.
-
-    Readings never overlap: the next one is scheduled from the start of the previous one and
-    skipped ahead if a reading overran. Without NVML it publishes one snapshot saying why,
-    then only re-checks every `retry_interval_s`, publishing again only if that changes.
-    """
-
-    def __init__(
-        self,
-        on_snapshot: Callable[[GpuSnapshot], None],
-        interval_s: float = 0.5,
-        own_pids: Callable[[], Collection[int]] = tuple,
-        *,
-        retry_interval_s: float = 10.0,
-        nvml: NvmlGateway | None = None,
-    ) -> None:
-        if interval_s <= 0:
-            raise ValueError("interval_s must be positive")
-        self._on_snapshot = on_snapshot
-        self._interval_s = interval_s
-        self._own_pids = own_pids
-        self._retry_interval_s = retry_interval_s
-        self._gateway = nvml
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._latest: GpuSnapshot | None = None
-        self.readings = 0
-
-    @property
-    def latest(self) -> GpuSnapshot | None:
-        """The most recent snapshot published, or None before the first."""
-        return self._latest
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("sampler already started")
-        self._thread = threading.Thread(target=self._run, name="hotreload-gpu-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float | None = 2.0) -> bool:
-        """Stop and join; True when the thread ended within `timeout`."""
-        self._stop.set()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _read(self) -> GpuSnapshot:
-        gw = self._gateway or gateway()
-        try:
-            own = self._own_pids()
-        except Exception:
-            log.exception("own_pids callback failed")
-            own = ()
-        return gw.snapshot(own)
-
-    def _publish(self, snap: GpuSnapshot) -> None:
-        self._latest = snap
-        try:
-            self._on_snapshot(snap)
-        except Exception:  # a consumer's bug must not stop the telemetry
-            log.exception("on_snapshot callback failed")
-
-    def _run(self) -> None:
-        published_reason: tuple[bool, str | None] | None = None
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            snap = self._read()
-            self.readings += 1
-            key = (snap.available, snap.reason_kind)
-            if snap.available or key != published_reason:
-                self._publish(snap)
-                published_reason = key
-            period = self._interval_s if snap.available else self._retry_interval_s
-            next_at += period
-            now = time.monotonic()
-            if next_at < now:  # a reading overran: skip the missed ticks rather than burst
-                next_at = now + period if not snap.available else now
-            self._stop.wait(max(next_at - now, 0.0))

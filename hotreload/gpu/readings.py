@@ -84,3 +84,8 @@ def normalize_bus_id(text: str | None) -> tuple[int, int, int] | None:
     except ValueError:
         return None
     return None
+
+
+def format_cuda_version(value: int) -> str:
+    """The CUDA version as people write it ("12.4") from its integer form (12040)."""
+    return f"{value // 1000}.{(value % 1000) // 10}"

@@ -17,11 +17,21 @@ import subprocess
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from hotreload.config import RESET_MODES  # never; reset on a wedge when allowed; ask first
 from hotreload.gpu.nvml import NvmlUnavailable, gateway
 from hotreload.gpu.xid_events import XidEvent
 
-#: The config's `reset` values: never reset; reset on a wedge when allowed; ask first.
-RESET_MODES = ("never", "on-wedge", "ask")
+__all__ = [
+    "POWER_CYCLE_XIDS",
+    "RESET_MODES",
+    "CommandResult",
+    "ResetDecision",
+    "ResetProbes",
+    "ResetResult",
+    "check_reset",
+    "reset_gpu",
+    "reset_on_wedge",
+]
 
 #: Kernel-log codes after which a reset is pointless or unsafe.
 POWER_CYCLE_XIDS = frozenset({79})
@@ -38,9 +48,18 @@ class ResetDecision:
     #: The command that would run, when allowed.
     command: tuple[str, ...] = ()
 
+    def refusal(self) -> ResetResult:
+        """This refusal as the failed ResetResult a caller reports (reason and PIDs)."""
+        pids = ""
+        if self.blocking_pids:
+            pids = " (blocking PIDs: " + ", ".join(map(str, self.blocking_pids)) + ")"
+        return ResetResult(False, f"GPU reset refused: {self.reason}{pids}")
+
 
 @dataclass(frozen=True)
 class ResetResult:
+    """What a reset did (or why it was not tried), in a line for the user."""
+
     ok: bool
     message: str
 
@@ -143,12 +162,15 @@ def check_reset(
             )
         if not allow:
             return _refuse(
-                'GPU reset is off: set reset = "on-wedge" or "ask" in the config, or pass '
-                "the flag that allows it"
+                'GPU reset is off: set reset = "on-wedge" or "ask" under [gpu] in the config '
+                "to allow it"
             )
         smi = p.which("nvidia-smi")
         if smi is None:
-            return _refuse("nvidia-smi not found on PATH")
+            return _refuse(
+                "nvidia-smi not found on PATH; install the NVIDIA driver's utilities "
+                "(nvidia-utils) or add their folder to PATH"
+            )
         if p.euid() == 0:
             prefix: tuple[str, ...] = ()
         elif p.sudo_works():
@@ -167,22 +189,31 @@ def check_reset(
         try:
             pids = p.device_pids(device_index)
         except NvmlUnavailable as err:
-            return _refuse(f"cannot list the processes on GPU {device_index}: {err.reason}")
+            return _refuse(
+                f"cannot list the processes on GPU {device_index}: {err.reason}; a reset is "
+                "only tried when NVML shows the GPU idle (`hotreload doctor` says why not)"
+            )
         own = set(own_worker_pids)
         others = [pid for pid in pids if pid not in own]
         if others:
             return _refuse(
-                f"other processes are using GPU {device_index}; a reset would kill their work",
+                f"other processes are using GPU {device_index}; a reset would kill their "
+                "work: stop them first",
                 others,
             )
         if pids:  # NVML still lists our (exited) workers: the driver has not let go yet
             return _refuse(
-                f"GPU {device_index} still holds contexts of stopped hotreload workers", pids
+                f"GPU {device_index} still holds contexts of stopped hotreload workers; "
+                "wait a few seconds for the driver to release them, then try again",
+                pids,
             )
         cmd = (*prefix, smi, "--gpu-reset", "-i", str(device_index))
         return ResetDecision(True, f"GPU {device_index} can be reset", (), cmd)
     except Exception as exc:  # a probe failing must read as a refusal, not a crash
-        return _refuse(f"could not check the reset preconditions: {exc}")
+        return _refuse(
+            f"could not check the reset preconditions: {exc}; reset by hand with "
+            f"`sudo nvidia-smi --gpu-reset -i {device_index}` once the GPU is idle"
+        )
 
 
 def reset_gpu(
@@ -198,21 +229,28 @@ def reset_gpu(
     p = probes or ResetProbes()
     decision = check_reset(device_index, own_worker_pids, xid_history, allow, probes=p)
     if not decision.allowed:
-        pids = ""
-        if decision.blocking_pids:
-            pids = " (blocking PIDs: " + ", ".join(map(str, decision.blocking_pids)) + ")"
-        return ResetResult(False, f"GPU reset refused: {decision.reason}{pids}")
+        return decision.refusal()
+    return _run_reset(device_index, decision, p, timeout_s)
+
+
+def _run_reset(
+    device_index: int, decision: ResetDecision, p: ResetProbes, timeout_s: float
+) -> ResetResult:
     res = p.run(decision.command, timeout_s)
     if res.returncode == 0:
         return ResetResult(True, f"GPU {device_index} reset: {res.output or 'done'}")
-    hint = ""
     low = res.output.lower()
     if "in use by another client" in low:
-        hint = " (a persistence daemon or display server may hold it)"
+        hint = (
+            "a persistence daemon or display server may hold it: stop nvidia-persistenced "
+            "or the display manager, or reboot"
+        )
     elif "not supported" in low:
-        hint = " (this GPU does not support a reset; reboot instead)"
+        hint = "this GPU does not support a reset; reboot instead"
+    else:
+        hint = "reboot if the GPU stays unusable"
     return ResetResult(
-        False, f"nvidia-smi --gpu-reset failed ({res.returncode}): {res.output}{hint}"
+        False, f"nvidia-smi --gpu-reset failed ({res.returncode}): {res.output} ({hint})"
     )
 
 
@@ -230,19 +268,27 @@ def reset_on_wedge(
     """The engine's wedge-escalation hook; runs after the wedged worker was killed.
 
     mode "never": None (nothing tried, unless `allow_flag` forces "on-wedge").
-    mode "on-wedge": reset when every precondition holds, else the refusal.
-    mode "ask": check first, then reset only if `confirm(decision)` says yes.
+    mode "on-wedge": reset when every precondition holds, else the refusal (nothing run).
+    mode "ask": check first, then reset only if `confirm(decision)` says yes; the
+    preconditions are checked again after the answer, since the machine may have changed
+    while the user read the question.
     """
     if mode not in RESET_MODES:
-        return ResetResult(False, f"unknown reset mode {mode!r}; expected one of {RESET_MODES}")
+        return ResetResult(
+            False,
+            f"unknown reset mode {mode!r}; set [gpu] reset to one of "
+            + ", ".join(f'"{m}"' for m in RESET_MODES),
+        )
     if mode == "never" and not allow_flag:
         return None
     p = probes or ResetProbes()
     decision = check_reset(device_index, own_worker_pids, xid_history, True, probes=p)
     if not decision.allowed:
-        return reset_gpu(device_index, own_worker_pids, xid_history, True, probes=p)
-    if mode == "ask" and not (confirm and confirm(decision)):
-        return ResetResult(False, "GPU reset not confirmed")
-    return reset_gpu(
-        device_index, own_worker_pids, xid_history, True, timeout_s=timeout_s, probes=p
-    )
+        return decision.refusal()
+    if mode == "ask":
+        if not (confirm and confirm(decision)):
+            return ResetResult(False, "GPU reset not confirmed; nothing was run")
+        return reset_gpu(
+            device_index, own_worker_pids, xid_history, True, timeout_s=timeout_s, probes=p
+        )
+    return _run_reset(device_index, decision, p, timeout_s)

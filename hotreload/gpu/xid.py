@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from hotreload.gpu import kernel_log
@@ -30,15 +30,15 @@ from hotreload.gpu.nvml import (
 from hotreload.gpu.nvml_events import NvmlEvent, NvmlEventSet
 from hotreload.gpu.xid_events import (
     SEVERITIES,
-    Source,
     XidEvent,
     XidInfo,
     catalog_codes,
     event_to_json,
     format_event,
     lookup,
+    new_event,
 )
-from hotreload.gpu.xid_parse import parse_line, parse_lines
+from hotreload.gpu.xid_parse import XidLineParser, parse_line, parse_lines
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ __all__ = [
     "SEVERITIES",
     "XidEvent",
     "XidInfo",
+    "XidLineParser",
     "XidMonitor",
     "XidSourceStatus",
     "catalog_codes",
@@ -145,6 +146,7 @@ def _nvml_event_to_xid(ev: NvmlEvent, received_at: float) -> XidEvent | None:
         bus = normalize_bus_id(ev.pci_bus_id)
         # Print it the way the kernel does, so the two sources read the same.
         pci = "{:04x}:{:02x}:{:02x}".format(*bus) if bus else ev.pci_bus_id
+    action = None
     if ev.kind == "xid":
         code, text = ev.data, "reported by NVML's event API"
     elif ev.kind == "dbe":
@@ -154,28 +156,21 @@ def _nvml_event_to_xid(ev: NvmlEvent, received_at: float) -> XidEvent | None:
     elif ev.kind == "recovery_action":
         label = RECOVERY_ACTIONS.get(ev.data, f"0x{ev.data:x}")
         code, text = 154, f"GPU recovery action changed to 0x{ev.data:x} ({label}) (NVML event)"
+        action = f"Driver asks: {label}."
     else:
         return None
-    info = lookup(code)
-    action = info.action
-    if ev.kind == "recovery_action":
-        action = f"Driver asks: {RECOVERY_ACTIONS.get(ev.data, hex(ev.data))}."
-    return XidEvent(
-        xid=code,
+    return new_event(
+        code,
+        action=action,
         pci=pci,
         bus=bus,
         device_index=ev.device_index,
         pid=None,
         process=None,
-        name=info.name,
-        severity=info.severity,
-        action=action,
         text=text,
         timestamp=None,
         received_at=received_at,
         source="nvml",
-        known=info.known,
-        mnemonic=info.mnemonic,
     )
 
 
@@ -316,8 +311,9 @@ class XidMonitor:
             else:
                 detail = f"following {self._kmsg_path if method == 'kmsg' else method}"
             self._set_status("kmsg", True, detail)
+            parser = XidLineParser(source="kmsg")
             for line in kernel_log.follow_kernel_log(self._stop, method, self._kmsg_path):
-                ev = parse_line(line, source="kmsg")
+                ev = parser.feed(line)
                 if ev is None:
                     continue
                 ev = replace(self._device_for(ev), phase=self._phase())
@@ -380,8 +376,3 @@ class XidMonitor:
                     self._merger.from_nvml(replace(ev, phase=self._phase()))
             self._merger.flush()
         return None
-
-
-def read_events(lines: Iterable[str], source: Source = "file") -> Iterable[XidEvent]:
-    """Xid events in `lines`, in order; other lines are skipped silently."""
-    return parse_lines(lines, source=source)

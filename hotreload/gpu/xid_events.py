@@ -101,6 +101,21 @@ class XidEvent:
         return self.xid == 79
 
 
+def new_event(code: int, *, action: str | None = None, **fields: Any) -> XidEvent:
+    """An XidEvent for `code` with its catalog name, severity, action and mnemonic filled in;
+    `action` overrides the catalog's advice (Xid 154 carries the driver's own verdict)."""
+    info = lookup(code)
+    return XidEvent(
+        xid=code,
+        name=info.name,
+        severity=info.severity,
+        action=action or info.action,
+        known=info.known,
+        mnemonic=info.mnemonic,
+        **fields,
+    )
+
+
 def event_to_json(ev: XidEvent) -> dict[str, Any]:
     """The `--json` object for one event (stable keys)."""
     d = asdict(ev)
@@ -111,8 +126,18 @@ def event_to_json(ev: XidEvent) -> dict[str, Any]:
 
 
 def format_event(ev: XidEvent) -> str:
-    """One human-readable line."""
-    when = ev.timestamp or time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev.received_at))
+    """One human-readable line.
+
+    A line from a saved log or stdin that carries no time of its own shows "(no time)": the
+    moment hotreload read it says nothing about when it happened. Live events without one
+    show when they arrived.
+    """
+    if ev.timestamp:
+        when = ev.timestamp
+    elif ev.source == "file":
+        when = "(no time)"
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev.received_at))
     dev = f"GPU {ev.device_index}" if ev.device_index is not None else "GPU ?"
     proc = ""
     if ev.pid is not None or ev.process:

@@ -28,6 +28,7 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 
+from hotreload.engine.host import STATES
 from hotreload.engine.stats import LatencyWindow
 
 if TYPE_CHECKING:
@@ -35,19 +36,7 @@ if TYPE_CHECKING:
     from hotreload.engine.session import Session
 
 #: Every state a host reports; `hotreload_model_state` has one series per state (0 or 1).
-MODEL_STATES = (
-    "starting",
-    "loading",
-    "warming",
-    "serving",
-    "reloading",
-    "draining",
-    "restarting",
-    "failed",
-    "wedged",
-    "stopped",
-    "unloaded",
-)
+MODEL_STATES = STATES
 #: States in which a model that has served a version still cannot take requests.
 NOT_SERVING_STATES = frozenset(
     {"starting", "restarting", "failed", "wedged", "stopped", "unloaded"}
@@ -216,7 +205,8 @@ class SessionMetrics:
             self.reloads.labels(model, "failed", trigger).inc()
             self.reload_failures.labels(model, str(e.get("phase") or "unknown")).inc()
         elif kind == "xid":
-            gpu = e.get("device_index")
+            # The engine emits `event_to_json(XidEvent)`, which names the index "device".
+            gpu = e.get("device")
             self.xid_events.labels(
                 "" if gpu is None else str(gpu),
                 str(e.get("xid")),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,8 @@ from hotreload.http.metrics import SessionMetrics, model_ready
 if TYPE_CHECKING:
     from hotreload.engine.host import ModelHost
     from hotreload.engine.session import Session
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "hotreload"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
@@ -112,7 +115,12 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
             text = f"{request.method} is not allowed on {request.path}"
         return json_response({"error": text}, exc.status)
     except Exception as exc:  # a bug: say so, keep serving
-        return json_response({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        message = (
+            f"internal error: {type(exc).__name__}: {exc}; this is a bug in hotreload, "
+            "the server keeps serving: please report it with the request that caused it"
+        )
+        return json_response({"error": message}, 500)
 
 
 class KServeApp:
@@ -319,9 +327,9 @@ class KServeApp:
         host = self._host(request)
         doc = await self._json_body(request)
         params = doc.get("parameters") or {}
-        if not isinstance(params, dict) or any(
-            k == "config" or k.startswith("file:") for k in params
-        ):
+        if not isinstance(params, dict):
+            raise HttpError(400, "'parameters' must be a JSON object, e.g. {}")
+        if any(k == "config" or k.startswith("file:") for k in params):
             raise HttpError(
                 400,
                 "load with a config or files override is not supported; edit the model's "

@@ -393,9 +393,10 @@ _INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<froz
 def user_traceback(exc: BaseException) -> str:
     """The traceback without hotreload's and importlib's own frames: the user's code first."""
     te = traceback.TracebackException.from_exception(exc)
-    frames = [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
-    if frames:
-        te.stack = traceback.StackSummary.from_list(frames)
+    # A SyntaxError in the user's file has no user frame at all: its own lines show where.
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
+    )
     return "".join(te.format())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from hotreload.cli import main
 from hotreload.gpu import doctor
+from hotreload.gpu.cli import xid_main
 from hotreload.gpu.doctor import FAIL, OK, WARN
 from hotreload.gpu.kernel_log import KernelLogChoice
 from hotreload.gpu.nvml import GpuDevice, GpuSnapshot
@@ -52,6 +54,26 @@ def test_xid_human_output(saved_log: Path, capsys: pytest.CaptureFixture[str]) -
     assert len(out) == 17
     assert "Jan 16 14:04:39" in out[12] and "0000:05:00" in out[12] and "Xid 79" in out[12]
     assert "[hardware]" in out[12] and "pid=1173" in out[12] and "Power-cycle" in out[12]
+    # A saved line without a time of its own must not look as if it happened just now.
+    assert out[1].startswith("(no time)  0000:01:00  GPU ?  Xid 31: ")
+    assert out[0].startswith("24128.828315  0000:01:00")
+
+
+def test_xid_reads_the_drivers_multi_line_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As dmesg prints it (NVIDIA/NVSentinel#155): bus id and time on the first line only.
+    log = tmp_path / "dmesg.txt"
+    log.write_text(
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+        "               NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+        "               NVRM: fallen off the bus and is not responding to commands.\n"
+        "[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).\n"
+    )
+    assert main(["xid", "--from", str(log)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("1843.308145  0000:b3:00.0  GPU ?  Xid 79: ")
+    assert "Power-cycle" in line
 
 
 def test_xid_from_stdin() -> None:
@@ -78,25 +100,46 @@ def test_xid_missing_file_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["xid", "--from", str(tmp_path / "nope.log")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "nope.log" in err and "'-' to read stdin" in err
 
 
-def test_xid_follows_a_growing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+class Lines(io.StringIO):
+    """An output stream that sets `done` once it holds `want` lines."""
+
+    def __init__(self, want: int) -> None:
+        super().__init__()
+        self.want = want
+        self.done = threading.Event()
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        if self.getvalue().count("\n") >= self.want:
+            self.done.set()
+        return n
+
+
+def test_xid_follows_a_growing_file(tmp_path: Path) -> None:
     path = tmp_path / "live.log"
     path.write_text("NVRM: Xid (PCI:0000:01:00): 13, pid=1, first\n")
-
-    def append() -> None:
-        with path.open("a") as f:
-            f.write("noise\nNVRM: Xid (PCI:0000:01:00): 43, pid=2, second\n")
-
-    timer = threading.Timer(0.2, append)
-    timer.start()
+    out = Lines(want=1)
+    stop = threading.Event()
+    rc: list[int] = []
+    follower = threading.Thread(
+        target=lambda: rc.append(xid_main(str(path), follow=True, as_json=True, out=out, stop=stop))
+    )
+    follower.start()
     try:
-        assert main(["xid", "--from", str(path), "--follow", "--for", "0.8", "--json"]) == 0
+        assert out.done.wait(30), "the existing line was not printed"
+        out.want, out.done = 2, threading.Event()
+        with path.open("a") as f:  # appended while it follows
+            f.write("noise\nNVRM: Xid (PCI:0000:01:00): 43, pid=2, second\n")
+        assert out.done.wait(30), f"the appended line was not printed: {out.getvalue()!r}"
     finally:
-        timer.cancel()
-        timer.join(2)
-    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        stop.set()
+        follower.join(30)
+    assert rc == [0]
+    rows = [json.loads(x) for x in out.getvalue().splitlines()]
     assert [r["xid"] for r in rows] == [13, 43]
 
 
@@ -153,6 +196,8 @@ def test_doctor_json(tmp_path: Path) -> None:
 
 def test_doctor_config_must_exist(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["doctor", "--config", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "config not found" in err and "missing.toml" in err and "--watch DIR" in err
 
 
 GPU = GpuDevice(0, "NVIDIA Fake", "GPU-1", "00000000:01:00.0", 8, 1, None, 0, 40, 10.0, (), None)
@@ -197,7 +242,8 @@ def test_xid_source_and_history_checks() -> None:
     lost = [*app, "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus"]
     c = doctor.check_recent_xids(lost, "dmesg")
     assert c.status == FAIL and "power-cycle" in c.fix
-    assert doctor.check_recent_xids(None, "dmesg: denied").status == WARN
+    unreadable = doctor.check_recent_xids(None, "dmesg: denied")
+    assert unreadable.status == WARN and "hotreload xid --from -" in unreadable.fix
 
 
 @pytest.mark.parametrize(

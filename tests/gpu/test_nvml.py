@@ -6,7 +6,6 @@ import ctypes.util
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ import pytest
 
 from hotreload.gpu import nvml
 from hotreload.gpu.nvml import GpuSampler, GpuSnapshot, NvmlGateway
+from tests.support import wait_until
 
 if TYPE_CHECKING:
     from conftest import FakeNvml
@@ -51,13 +51,9 @@ def test_without_nvml_the_sampler_publishes_once(no_nvml_gateway: None) -> None:
     sampler = GpuSampler(got.append, interval_s=0.01, retry_interval_s=0.01)
     sampler.start()
     try:
-        deadline = threading.Event()
-        for _ in range(100):
-            if sampler.readings >= 5:
-                break
-            deadline.wait(0.01)
+        wait_until(lambda: sampler.readings >= 5)
     finally:
-        assert sampler.stop(timeout=2)
+        assert sampler.stop(timeout=10)
     assert sampler.readings >= 5  # it kept checking ...
     assert len(got) == 1  # ... but said it only once
     assert not got[0].available and "NVML library not found" in (got[0].reason or "")
@@ -230,16 +226,7 @@ def sampler_box() -> Iterator[list[GpuSampler]]:
     box: list[GpuSampler] = []
     yield box
     for s in box:
-        assert s.stop(timeout=2)
-
-
-def _wait_until(pred: object, timeout: float = 2.0) -> bool:
-    ev = threading.Event()
-    for _ in range(int(timeout / 0.005)):
-        if pred():  # type: ignore[operator]
-            return True
-        ev.wait(0.005)
-    return False
+        assert s.stop(timeout=10)
 
 
 def test_sampler_publishes_at_its_interval_and_never_overlaps(
@@ -252,7 +239,7 @@ def test_sampler_publishes_at_its_interval_and_never_overlaps(
     sampler = GpuSampler(got.append, interval_s=0.005, own_pids=lambda: own)
     sampler_box.append(sampler)
     sampler.start()
-    assert _wait_until(lambda: len(got) >= 5)
+    assert wait_until(lambda: len(got) >= 5)
     assert fake_nvml.max_concurrent_reads == 1
     assert all(s.available for s in got)
     assert got[-1].devices[0].processes[0].is_hotreload_worker
@@ -271,7 +258,7 @@ def test_sampler_survives_a_failing_callback(
     sampler = GpuSampler(boom, interval_s=0.005)
     sampler_box.append(sampler)
     sampler.start()
-    assert _wait_until(lambda: len(calls) >= 3)
+    assert wait_until(lambda: len(calls) >= 3)
 
 
 def test_sampler_reports_a_gpu_lost_mid_run(
@@ -281,9 +268,9 @@ def test_sampler_reports_a_gpu_lost_mid_run(
     sampler = GpuSampler(got.append, interval_s=0.005)
     sampler_box.append(sampler)
     sampler.start()
-    assert _wait_until(lambda: len(got) >= 1)
+    assert wait_until(lambda: len(got) >= 1)
     fake_nvml.devices[0].lost = True
-    assert _wait_until(lambda: got[-1].devices and got[-1].devices[0].problem is not None)
+    assert wait_until(lambda: got[-1].devices and got[-1].devices[0].problem is not None)
 
 
 def test_sampler_rejects_a_zero_interval() -> None:

@@ -8,7 +8,6 @@ import pytest
 
 from hotreload.gpu.nvml import NvmlUnavailable
 from hotreload.gpu.reset import (
-    RESET_MODES,
     CommandResult,
     ResetProbes,
     check_reset,
@@ -61,10 +60,6 @@ def machine() -> Machine:
 
 def decide(machine: Machine, allow: bool = True, history: Sequence[object] = ()):  # type: ignore[no-untyped-def]
     return check_reset(0, {WORKER}, history, allow, probes=machine.probes())  # type: ignore[arg-type]
-
-
-def test_modes() -> None:
-    assert RESET_MODES == ("never", "on-wedge", "ask")
 
 
 def test_allowed_as_root_with_an_idle_gpu(machine: Machine) -> None:
@@ -157,7 +152,12 @@ def test_reset_runs_nvidia_smi(machine: Machine) -> None:
 def test_reset_failure_is_explained(machine: Machine) -> None:
     machine.reset_result = CommandResult(255, "GPU 00000000:01:00.0 is in use by another client")
     r = reset_gpu(0, {WORKER}, allow=True, probes=machine.probes())
-    assert not r.ok and "persistence daemon" in r.message
+    assert not r.ok and "persistence daemon" in r.message and "nvidia-persistenced" in r.message
+    machine.reset_result = CommandResult(3, "Unknown Error")
+    r = reset_gpu(0, {WORKER}, allow=True, probes=machine.probes())
+    assert r.message == (
+        "nvidia-smi --gpu-reset failed (3): Unknown Error (reboot if the GPU stays unusable)"
+    )
 
 
 def test_reset_refusal_names_the_blocking_pids(machine: Machine) -> None:
@@ -181,7 +181,42 @@ def test_wedge_escalation_follows_the_mode(machine: Machine) -> None:
     r = reset_on_wedge("on-wedge", 0, {WORKER}, probes=p)
     assert r is not None and not r.ok and "777" in r.message
     r = reset_on_wedge("sometimes", 0, {WORKER}, probes=p)
-    assert r is not None and not r.ok and "unknown reset mode" in r.message
+    assert r is not None and not r.ok and "unknown reset mode 'sometimes'" in r.message
+    assert '"on-wedge"' in r.message
+
+
+@pytest.mark.parametrize("mode", ["on-wedge", "ask"])
+def test_wedge_escalation_reports_a_refusal_without_trying(machine: Machine, mode: str) -> None:
+    # Another process holds the GPU at the check, and lets go right after it: the refusal
+    # stands, and nvidia-smi is never run on the strength of a second look.
+    checks = [(777,), ()]
+    machine.device_pids = lambda index: checks.pop(0) if checks else ()  # type: ignore[method-assign]
+    asked: list[object] = []
+    r = reset_on_wedge(
+        mode, 0, {WORKER}, confirm=lambda d: asked.append(d) or True, probes=machine.probes()
+    )
+    assert r is not None and not r.ok
+    assert r.message.startswith("GPU reset refused: other processes are using GPU 0")
+    assert "stop them first" in r.message and "(blocking PIDs: 777)" in r.message
+    assert not [cmd for cmd in machine.ran if "--gpu-reset" in cmd]
+    assert asked == []  # nothing to confirm: the user is not asked about a refused reset
+
+
+def test_wedge_escalation_after_xid_79_says_power_cycle(machine: Machine) -> None:
+    ev = parse_line("NVRM: Xid (PCI:0000:01:00): 79, pid=1, GPU has fallen off the bus.")
+    r = reset_on_wedge("on-wedge", 0, {WORKER}, [ev], probes=machine.probes())
+    assert r is not None and not r.ok and "power cycle" in r.message
+    assert machine.ran == []
+
+
+def test_refusals_say_what_to_do(machine: Machine) -> None:
+    assert "under [gpu] in the config" in decide(machine, allow=False).reason
+    machine.gpu_pids = (WORKER,)
+    assert "wait a few seconds" in decide(machine).reason
+    machine.nvml_error = "NVML library not found"
+    assert "hotreload doctor" in decide(machine).reason
+    del machine.tools["nvidia-smi"]
+    assert "add their folder to PATH" in decide(machine).reason
 
 
 def test_real_probes_on_this_machine_never_raise() -> None:

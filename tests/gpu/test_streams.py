@@ -66,8 +66,9 @@ def test_an_idle_stream_is_not_queried_again() -> None:
 
 
 def test_real_clock_deadline_is_respected() -> None:
+    # Only the lower bound is a promise: a loaded machine may return late, never early.
     out = wait_streams_idle([StreamRef("s", lambda: False)], deadline_s=0.02)
-    assert not out.idle and 0.02 <= out.waited_s < 0.5
+    assert not out.idle and out.busy == ("s",) and out.waited_s >= 0.02
 
 
 def test_query_errors_propagate() -> None:

@@ -12,20 +12,12 @@ import pytest
 
 from hotreload.gpu.kernel_log import probe_kernel_log
 from hotreload.gpu.xid import XidEvent, XidMonitor
+from tests.support import wait_until
 
 if TYPE_CHECKING:
     from conftest import FakeNvml
 
 XID, DBE, RECOVERY = 0x0008, 0x0002, 0x8000
-
-
-def wait_until(pred: Callable[[], object], timeout: float = 3.0) -> bool:
-    ev = threading.Event()
-    for _ in range(int(timeout / 0.005)):
-        if pred():
-            return True
-        ev.wait(0.005)
-    return False
 
 
 class Collector:
@@ -256,6 +248,26 @@ def test_the_drivers_xid_79_and_its_fallen_off_line_are_one_event(
     write("NVRM: Xid (PCI:0000:01:00): 8, marker")
     assert wait_until(lambda: len(got.events) == 2)
     assert [e.xid for e in got.events] == [79, 8]
+
+
+def test_a_multi_line_kmsg_record_is_one_event_on_its_gpu(
+    fake_nvml: FakeNvml,
+    monitors: list[XidMonitor],
+    kmsg_fifo: tuple[str, Callable[[str], None]],
+) -> None:
+    path, write = kmsg_fifo
+    got = Collector()
+    m = make(monitors, got, use_nvml=False, kernel_log_method="kmsg", kmsg_path=path)
+    m.start()
+    assert m.wait_ready()
+    # /dev/kmsg escapes the newlines of the driver's three-line report as \x0a.
+    write(
+        "NVRM: The NVIDIA GPU 0000:01:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this "
+        "system has\\x0aNVRM: fallen off the bus and is not responding to commands."
+    )
+    assert wait_until(lambda: len(got.events) == 1)
+    (ev,) = got.events
+    assert (ev.xid, ev.inferred, ev.device_index, ev.timestamp) == (79, True, 0, "1.000000")
 
 
 def test_callbacks_that_raise_do_not_kill_the_monitor(

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from hotreload.gpu.kernel_log import kmsg_record_lines
 from hotreload.gpu.nvml import normalize_bus_id
-from hotreload.gpu.xid import SEVERITIES, catalog_codes, event_to_json, lookup, parse_line
+from hotreload.gpu.xid import (
+    SEVERITIES,
+    catalog_codes,
+    event_to_json,
+    lookup,
+    parse_line,
+    parse_lines,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "xid_lines.txt"
 if not FIXTURES.exists():  # the repo may sit elsewhere than next to shared/
@@ -189,6 +197,26 @@ OWN_LINES = [
     ),
     # CRLF from a log copied off Windows.
     ("NVRM: Xid (PCI:0000:01:00): 8, idle\r\n", 8, "0000:01:00", None, None, None, "idle"),
+    # NVLink on a multi-domain machine (leptonai/gpud#1174): PCI domain 0019, no pid.
+    (
+        "NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000)",
+        149,
+        "0019:01:00",
+        None,
+        None,
+        None,
+        "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000)",
+    ),
+    # A process name with a space, from a `name=` the driver does not quote.
+    (
+        "NVRM: Xid (PCI:0000:0a:00): 31, pid=13332, name=cuda plot, Ch 00000010, intr 00000000",
+        31,
+        "0000:0a:00",
+        13332,
+        "cuda plot",
+        None,
+        "Ch 00000010, intr 00000000",
+    ),
 ]
 
 
@@ -202,6 +230,56 @@ def test_log_forms(
     assert (ev.xid, ev.pci, ev.pid, ev.process, ev.timestamp, ev.text) == (
         xid, pci, pid, process, ts, text,
     )  # fmt: skip
+
+
+# The driver's multi-line report (NVIDIA/NVSentinel#155, leptonai/gpud#1209) as dmesg,
+# journalctl and a /dev/kmsg record give it: the bus id and time are on the first line only.
+MULTI_LINE_FALLEN = {
+    "dmesg": [
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0",
+        "               NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "               NVRM: fallen off the bus and is not responding to commands.",
+        "[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).",
+    ],
+    "journalctl": [
+        "Feb 14 05:03:41 gpu-1 kernel: NVRM: The NVIDIA GPU 0000:b3:00.0",
+        "Feb 14 05:03:41 gpu-1 kernel: NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "Feb 14 05:03:41 gpu-1 kernel: NVRM: fallen off the bus and is not responding to commands.",
+    ],
+    "kmsg": kmsg_record_lines(
+        rb"4,812,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\x0aNVRM: (PCI ID: 10de:26b5) "
+        rb"installed in this system has\x0aNVRM: fallen off the bus and is not responding "
+        rb"to commands."
+    ),
+}
+MULTI_LINE_TIME = {"dmesg": "1843.308145", "journalctl": "Feb 14 05:03:41", "kmsg": "1843.308145"}
+
+
+@pytest.mark.parametrize("form", sorted(MULTI_LINE_FALLEN))
+def test_the_drivers_multi_line_fallen_off_report_keeps_its_gpu(form: str) -> None:
+    (ev,) = parse_lines(["noise", *MULTI_LINE_FALLEN[form], "more noise"])
+    assert (ev.xid, ev.inferred, ev.pci, ev.bus) == (79, True, "0000:b3:00.0", (0, 0xB3, 0))
+    assert ev.timestamp == MULTI_LINE_TIME[form]
+    assert ev.text == "fallen off the bus and is not responding to commands."
+
+
+def test_a_gpu_head_line_only_reaches_its_own_report() -> None:
+    lines = [
+        "NVRM: The NVIDIA GPU 0000:b3:00.0",
+        "unrelated 1",
+        "unrelated 2",
+        "unrelated 3",
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    (ev,) = parse_lines(lines)
+    assert (ev.xid, ev.pci) == (79, None)  # too far away to be the same report
+
+
+def test_kmsg_records_are_unescaped() -> None:
+    record = rb"4,9,2000000,-;NVRM: Xid (PCI:0000:01:00): 31, pid=7, name=caf\xc3\xa9, Ch 1"
+    (line,) = kmsg_record_lines(record)
+    ev = parse_line(line)
+    assert ev is not None and (ev.process, ev.timestamp, ev.text) == ("café", "2.000000", "Ch 1")
 
 
 def test_redacted_bus_has_no_normalised_id() -> None:
