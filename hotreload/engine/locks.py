@@ -60,8 +60,10 @@ class DeviceLocks:
     async def hold(
         self, key: str, on_wait: Callable[[str], None] | None = None
     ) -> AsyncIterator[float]:
-        """Hold the device lock; yields the seconds spent waiting for it."""
-        started = time.monotonic()
+        """Hold the device lock; yields the seconds spent waiting for another holder."""
+        contended_since: float | None = None
+        if self._lock(key).locked():
+            contended_since = time.monotonic()
         async with self._lock(key):
             fd = await asyncio.to_thread(_open_lock_file, self.folder, key)
             told = False
@@ -73,6 +75,8 @@ class DeviceLocks:
                     except OSError as exc:
                         if exc.errno not in (errno.EAGAIN, errno.EACCES):
                             raise
+                    if contended_since is None:
+                        contended_since = time.monotonic()
                     if on_wait is not None and not told:
                         told = True
                         holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
@@ -80,7 +84,7 @@ class DeviceLocks:
                     await asyncio.sleep(self.poll_s)
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, str(os.getpid()).encode(), 0)
-                yield time.monotonic() - started
+                yield 0.0 if contended_since is None else time.monotonic() - contended_since
             finally:
                 with contextlib.suppress(OSError):
                     fcntl.flock(fd, fcntl.LOCK_UN)

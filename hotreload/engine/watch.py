@@ -75,6 +75,15 @@ def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: An
     except ConfigError as exc:
         print(f"hotreload: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if not no_tui and sys.stdout.isatty():
+        # Imported here: `--no-tui` and piped output never load textual.
+        from hotreload.tui import run_dashboard
+
+        try:
+            return run_dashboard(config)
+        except HotreloadError as exc:
+            print(f"hotreload: {exc}", file=sys.stderr)
+            return EXIT_ENVIRONMENT
     try:
         return asyncio.run(_watch_plain(config))
     except HotreloadError as exc:

@@ -1,0 +1,396 @@
+"""The `hotreload watch` dashboard.
+
+Data path: one long-lived sampling loop (an async worker that never overlaps itself) awaits
+`source.sample()` every `refresh_s` and posts a `Sampled` message; engine events arrive
+through the source's subscription as `EngineEvent` messages. Both coalesce when they queue
+up. Handlers only update `DashboardState` and set one reactive per widget; anything slow
+(reloads, warm-up, stopping workers, the reset check) runs in a worker that posts back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import DataTable, Footer
+
+from hotreload.engine.events import Event
+from hotreload.errors import HotreloadError
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
+from hotreload.tui import render
+from hotreload.tui.dialogs import HelpScreen, ResetDialog
+from hotreload.tui.loadgen import LoadGenerator
+from hotreload.tui.messages import ActionDone, EngineEvent, Sampled, SessionStarted
+from hotreload.tui.source import DashboardSource, reset_target
+from hotreload.tui.state import DashboardState
+from hotreload.tui.widgets import Panel, RowsTable, StatusLine
+
+#: Default time between samples.
+REFRESH_S = 0.5
+
+
+class DashboardApp(App[int]):
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "hotreload watch"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (30, "-tall")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "reload", "Reload"),
+        Binding("R", "reload_all", "All"),
+        Binding("w", "rewarm", "Warm"),
+        Binding("p", "pause", "Pause"),
+        Binding("x", "reset_gpu", "Reset GPU"),
+        Binding("l", "load", "Load"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    def __init__(
+        self,
+        source: DashboardSource,
+        *,
+        refresh_s: float = REFRESH_S,
+        state: DashboardState | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.refresh_s = refresh_s
+        #: What earlier samples left (histories, baselines); a replay can hand one in.
+        self.state = state or DashboardState()
+        self.selected: str | None = None
+        self.phase = "starting: spawning workers, loading and warming up"
+        self.paused = False
+        self.load: LoadGenerator | None = None
+        #: Printed after the app closes when the session could not run at all.
+        self.exit_message: str | None = None
+        self._reload_items: list[Any] = []
+        self._unsubscribe: Any = None
+        self._wake = asyncio.Event()
+        self._first_sample = asyncio.Event()
+        self._quitting = False
+        self._start_worker: Any = None
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        yield RowsTable(
+            "Models",
+            ("Model", "Ver", "State", "Policy/strategy", "Device", "Last reload"),
+            id="models",
+        )
+        with Horizontal(id="metrics"):
+            yield Panel("Queue", id="queue")
+            yield Panel("Latency", id="latency")
+            yield Panel("Memory", id="memory")
+        yield RowsTable(
+            "Reloads",
+            ("Time", "Model", "Outcome", "Total", "Trigger", "Policy", "Phases ms"),
+            follow_newest=True,
+            id="reloads",
+        )
+        with VerticalScroll(id="detail-box"):
+            yield Panel("", id="detail")
+        yield RowsTable(
+            "Xid events",
+            ("Time", "GPU", "Xid", "Severity", "Process", "Phase", "Name"),
+            cursor=False,
+            id="xids",
+        )
+        yield Footer()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_mount(self) -> None:
+        self._unsubscribe = self.source.subscribe(lambda e: self.post_message(EngineEvent(e)))
+        self.query_one("#models", RowsTable).focus()
+        self._render_status()
+        self._start_worker = self._start_session()
+        self._sample_loop()
+        self.set_interval(1.0, self._render_status)
+
+    async def wait_for_first_sample(self, timeout: float = 30.0) -> None:
+        """For callers that drive the app (tests, screenshots): the panels have data."""
+        await asyncio.wait_for(self._first_sample.wait(), timeout)
+
+    @work(group="session", exit_on_error=False)
+    async def _start_session(self) -> None:
+        from hotreload.engine.host import BringUpError
+
+        try:
+            await self.source.start()
+        except BringUpError as exc:
+            self.post_message(SessionStarted(error=f"{exc.phase}: {exc}"))
+        except HotreloadError as exc:
+            self.post_message(SessionStarted(fatal=str(exc)))
+        except Exception as exc:  # the app must still close the session cleanly
+            self.post_message(SessionStarted(fatal=f"could not start the session: {exc!r}"))
+        else:
+            self.post_message(SessionStarted())
+
+    @work(group="sampler", exclusive=True, exit_on_error=False)
+    async def _sample_loop(self) -> None:
+        # One loop, one sample at a time: a slow status() delays the next turn, never overlaps.
+        while not self._quitting:
+            try:
+                sample = await self.source.sample()
+            except Exception as exc:
+                self.log.warning(f"sample failed: {exc!r}")
+            else:
+                self.post_message(Sampled(sample))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+
+    def on_session_started(self, message: SessionStarted) -> None:
+        if message.fatal:
+            self.exit_message = message.fatal
+            self.exit(return_code=EXIT_ENVIRONMENT)
+            return
+        self.phase = "" if message.error is None else "start failed: fix the file and save"
+        if message.error:
+            self.notify(f"a model could not start: {message.error}", severity="error", timeout=10)
+        self._render_status()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ data in
+
+    def on_sampled(self, message: Sampled) -> None:
+        self.state.update(message.sample)
+        if self.selected is None or self.state.model(self.selected) is None:
+            names = self.state.names()
+            self.selected = names[0] if names else None
+        self.paused = message.sample.paused
+        self._render_all()
+        self._first_sample.set()
+
+    def on_engine_event(self, message: EngineEvent) -> None:
+        e = message.event
+        self.state.on_event(e)
+        self._notify_for(e)
+        if e.get("kind") in ("reload_done", "reload_failed", "ready", "state", "xid"):
+            self._wake.set()  # sample now: the outcome shows without waiting a turn
+        if e.get("kind") in ("reload_requested", "phase_start", "phase_end"):
+            self._render_reloads()
+
+    def _notify_for(self, e: Event) -> None:
+        kind, m = e.get("kind"), e.get("model", "")
+        if kind == "reload_done":
+            self.notify(f"{m}: v{e.get('version')} live in {e.get('total_s', 0):.2f} s", timeout=3)
+        elif kind == "reload_failed":
+            self.notify(
+                f"{m}: reload failed in {e.get('phase')}: {e.get('error')} - "
+                f"v{e.get('version')} keeps serving",
+                severity="error",
+                timeout=8,
+            )
+        elif kind == "xid" and (
+            e.get("severity") in render.CRITICAL_SEVERITIES or e.get("xid") == 79
+        ):
+            self.notify(
+                f"Xid {e.get('xid')} on GPU {e.get('device', '?')}: {e.get('name')}. "
+                f"{e.get('action')}",
+                title="critical GPU error",
+                severity="error",
+                timeout=15,
+            )
+        elif kind == "wedged":
+            self.notify(f"{m} wedged in {e.get('phase')}: {e.get('detail')}", severity="error")
+        elif kind == "worker_died":
+            self.notify(f"{m}: worker died ({e.get('reason')}); restarting", severity="warning")
+        elif kind == "gpu_reset":
+            self.notify(str(e.get("message")), severity="information" if e.get("ok") else "warning")
+        elif kind == "watch_error":
+            self.notify(f"watcher: {e.get('error')}", severity="warning")
+
+    # ------------------------------------------------------------------ rendering
+
+    def _render_all(self) -> None:
+        hms = self.source.clock.hms
+        self.query_one("#models", RowsTable).view = render.model_rows(self.state, hms)
+        self._render_panels()
+        self._render_reloads()
+        sample = self.state.sample
+        xids = self.query_one("#xids", RowsTable)
+        if sample is not None:
+            xids.view = render.xid_rows(sample.xids, hms)
+            xids.border_subtitle = render.xid_sources_text(sample.xid_sources)
+        self._render_status()
+
+    def _render_panels(self) -> None:
+        m = self.state.model(self.selected)
+        name = self.selected or ""
+        queue = self.query_one("#queue", Panel)
+        queue.border_title = f"Queue {name}"
+        queue.view = render.queue_text(
+            m, tuple(self.state.queue.get(name, ())), queue.content_size.width
+        )
+        latency = self.query_one("#latency", Panel)
+        latency.border_title = f"Latency {name} (ms)"
+        latency.view = render.latency_text(
+            m, tuple(self.state.p99.get(name, ())), latency.content_size.width
+        )
+        memory = self.query_one("#memory", Panel)
+        memory.view = render.memory_text(self.state, self.selected, memory.content_size.width)
+
+    def _render_reloads(self) -> None:
+        table = self.query_one("#reloads", RowsTable)
+        sample = self.state.sample
+        self._reload_items = [None] * len(self.state.live) + list(
+            reversed(sample.reloads if sample else ())
+        )
+        table.view = render.reload_rows(self.state, self.source.clock.hms)
+        self._render_detail()
+
+    def _render_detail(self) -> None:
+        table = self.query_one("#reloads", RowsTable)
+        row = table.cursor_row
+        outcome = self._reload_items[row] if 0 <= row < len(self._reload_items) else None
+        start_error = self.state.start_errors.get(self.selected or "")
+        detail = self.query_one("#detail", Panel)
+        detail.view = render.reload_detail(outcome, start_error)
+        box = self.query_one("#detail-box")
+        box.set_class((outcome is not None and not outcome.ok) or start_error is not None, "-error")
+
+    def _render_status(self) -> None:
+        clock = self.source.clock
+        right = Text()
+        if self.phase:
+            right.append(f" {self.phase} ", "bold black on yellow")
+        elif self.paused:
+            right.append(" ⏸ watcher PAUSED (p resumes) ", "bold black on yellow")
+        else:
+            right.append(" ● watching ", "bold green")
+        if self.load is not None:
+            right.append(f" load ~{self.load.rate:.0f} req/s ", "bold black on cyan")
+        right.append(f" {clock.hms(clock.now())} ", "dim")
+        t = Text(" hotreload ", "bold reverse")
+        # The config path gives way first when the line is too narrow.
+        room = self.size.width - len(t) - len(right) - 2
+        title = self.source.title
+        if room < len(title):
+            title = "…" + title[-room + 1 :] if room > 8 else ""
+        t.append(f" {title}".ljust(max(room, 0) + 1))
+        t.append_text(right)
+        self.query_one("#status", StatusLine).view = t
+
+    # ------------------------------------------------------------------ selection
+
+    @on(DataTable.RowHighlighted, "#models")
+    def _model_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        names = self.state.names()
+        if 0 <= event.cursor_row < len(names):
+            self.selected = names[event.cursor_row]
+            self._render_panels()
+            self._render_detail()
+
+    @on(DataTable.RowHighlighted, "#reloads")
+    def _reload_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._render_detail()
+
+    # ------------------------------------------------------------------ keys
+
+    def action_reload(self) -> None:
+        if self.selected:
+            self._reload(self.selected)
+
+    def action_reload_all(self) -> None:
+        self._reload(None)
+
+    @work(group="reload", exit_on_error=False)
+    async def _reload(self, model: str | None) -> None:
+        # Outcomes are reported by their events; a reload refused outright is reported here.
+        try:
+            await self.source.reload(model)
+        except Exception as exc:
+            self.post_message(ActionDone(f"reload refused: {exc}", "error"))
+
+    def action_rewarm(self) -> None:
+        if self.selected:
+            self._rewarm(self.selected)
+
+    @work(group="rewarm", exclusive=True, exit_on_error=False)
+    async def _rewarm(self, model: str) -> None:
+        try:
+            r = await self.source.rewarm(model)
+        except Exception as exc:
+            self.post_message(ActionDone(f"{model}: warm-up not run: {exc}", "error"))
+            return
+        passes = ", ".join(f"{p:.1f}" for p in r.get("passes_ms", [])[:5])
+        self.post_message(ActionDone(f"{model}: warm-up re-run: {passes} ms"))
+
+    def on_action_done(self, message: ActionDone) -> None:
+        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._render_status()
+        self._set_paused(self.paused)
+
+    @work(group="pause", exit_on_error=False)
+    async def _set_paused(self, paused: bool) -> None:
+        await self.source.set_paused(paused)
+
+    def action_reset_gpu(self) -> None:
+        sample = self.state.sample
+        target = reset_target(self.state.model(self.selected), sample.gpu if sample else None)
+        self.push_screen(ResetDialog(self.source, target))
+
+    def action_load(self) -> None:
+        if self.load is not None:
+            self.workers.cancel_group(self, "load")
+            self.load = None
+            self.notify("load generator stopped")
+        else:
+            socket_path, targets = self.source.load_targets()
+            if not targets:
+                self.notify("no model is serving yet: nothing to load", severity="warning")
+                return
+            self.load = LoadGenerator(socket_path, targets)
+            self._run_load(self.load)
+            self.notify(f"load generator on: ~{self.load.rate:.0f} req/s in waves (l stops it)")
+        self._render_status()
+
+    @work(group="load", exclusive=True, exit_on_error=False)
+    async def _run_load(self, load: LoadGenerator) -> None:
+        await load.run()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        if self._quitting:
+            return
+        self._quitting = True
+        self.phase = "stopping: draining requests and stopping workers"
+        self._render_status()
+        self.workers.cancel_group(self, "load")
+        self._wake.set()
+        self._quit()
+
+    @work(group="quit", exit_on_error=False)
+    async def _quit(self) -> None:
+        if self._start_worker is not None:
+            # Stopping mid-start would orphan a worker being spawned: let start-up finish.
+            with contextlib.suppress(Exception):
+                await self._start_worker.wait()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        await self.source.stop()
+        self.exit(return_code=EXIT_OK)
+
+
+def build_app(
+    source: DashboardSource,
+    *,
+    refresh_s: float = REFRESH_S,
+    state: DashboardState | None = None,
+) -> DashboardApp:
+    """The one factory the CLI, the tests and the screenshot use."""
+    return DashboardApp(source, refresh_s=refresh_s, state=state)

@@ -1,0 +1,73 @@
+"""Messages that carry engine data to the dashboard's widgets (small dataclasses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+from hotreload.engine.events import Event
+from hotreload.tui.source import Sample
+
+#: Event kinds of which only the latest per model matters: a burst collapses to one message.
+COALESCING_KINDS = frozenset({"state", "change_detected", "phase_start"})
+
+
+@dataclass
+class Sampled(Message):
+    """One turn of the sampling loop. A newer one supersedes a queued older one."""
+
+    sample: Sample
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, Sampled)
+
+
+@dataclass
+class EngineEvent(Message):
+    """One event from the session's event stream, delivered on the app's loop."""
+
+    event: Event
+
+    def can_replace(self, message: Message) -> bool:
+        # Only chatty kinds coalesce; a reload outcome or an Xid is never dropped.
+        if not isinstance(message, EngineEvent):
+            return False
+        mine, other = self.event, message.event
+        return (
+            mine.get("kind") in COALESCING_KINDS
+            and other.get("kind") == mine.get("kind")
+            and other.get("model") == mine.get("model")
+        )
+
+
+@dataclass
+class SessionStarted(Message):
+    """The session came up (`error` is set when a model could not start)."""
+
+    error: str | None = None
+    #: Set when the session cannot run at all (socket taken, ...): the app exits.
+    fatal: str | None = None
+
+
+@dataclass
+class ActionDone(Message):
+    """A key's background job finished; `text` is what to tell the user."""
+
+    text: str
+    severity: str = "information"
+
+
+@dataclass
+class ResetChecked(Message):
+    """The reset dialog's precondition check finished (`decision` is a ResetDecision)."""
+
+    decision: Any
+
+
+@dataclass
+class ResetFinished(Message):
+    """A confirmed reset ran (`result` is a ResetResult)."""
+
+    result: Any

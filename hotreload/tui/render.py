@@ -1,0 +1,334 @@
+"""Pure formatting: samples and state in, rich `Text` and table rows out (no widgets)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.text import Text
+
+from hotreload.engine.reloader import ReloadOutcome
+from hotreload.gpu.readings import GpuSnapshot
+from hotreload.gpu.xid_events import XidEvent
+from hotreload.tui.state import DashboardState, LiveReload
+
+MIB = 2**20
+GIB = 2**30
+BLOCKS = "▁▂▃▄▅▆▇█"
+STATE_STYLES = {
+    "serving": "bold green",
+    "starting": "yellow",
+    "loading": "yellow",
+    "warming": "yellow",
+    "reloading": "yellow",
+    "restarting": "yellow",
+    "draining": "cyan",
+    "failed": "bold red",
+    "wedged": "bold white on red",
+    "stopped": "dim",
+    "unloaded": "dim",
+}
+#: Xid severities that get a red row and a notification.
+CRITICAL_SEVERITIES = frozenset({"hardware", "driver"})
+
+
+def is_critical(x: XidEvent) -> bool:
+    return x.severity in CRITICAL_SEVERITIES or x.needs_power_cycle
+
+
+def plain_reason(reason: str) -> str:
+    """A reason without its parenthesised detail (a library file name says little)."""
+    return re.sub(r" *[(][^)]*[)]", "", reason)
+
+
+def mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / MIB:,.1f}"
+
+
+def sparkline(values: Sequence[float], width: int) -> str:
+    """`values` squeezed into `width` cells (max per bucket, so a spike is never lost)."""
+    if width <= 0 or not values:
+        return ""
+    step = max(1, math.ceil(len(values) / width))
+    buckets = [max(values[i : i + step]) for i in range(0, len(values), step)]
+    top = max(buckets)
+    if top <= 0:
+        return BLOCKS[0] * len(buckets)
+    return "".join(BLOCKS[min(7, int(v / top * 7.999))] for v in buckets)
+
+
+def bar(fraction: float, width: int) -> Text:
+    width = max(width, 1)
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    style = "green" if fraction < 0.75 else "yellow" if fraction < 0.9 else "red"
+    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"))
+
+
+def phases_text(phases: dict[str, float]) -> str:
+    return " ".join(f"{p} {s * 1000:.0f}" for p, s in phases.items())
+
+
+def trigger_text(o: ReloadOutcome | LiveReload) -> str:
+    detail = o.detail if isinstance(o.detail, str) else ", ".join(o.detail or [])
+    return f"{o.trigger} {detail}".strip()
+
+
+# ---------------------------------------------------------------------- models
+
+
+def last_reload(outcomes: Sequence[ReloadOutcome], hms: Callable[[float], str]) -> Text:
+    if not outcomes:
+        return Text("-", "dim")
+    o = outcomes[-1]
+    if o.ok:
+        return Text(f"{hms(o.started_at)} ok {o.total_s:.2f} s", "green")
+    return Text(f"{hms(o.started_at)} FAILED in {o.phase or '?'}", "bold red")
+
+
+def model_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
+    sample = state.sample
+    if sample is None:
+        return ()
+    rows = []
+    for m in sample.models:
+        name = m["name"]
+        st = str(m.get("state"))
+        label = Text(st, STATE_STYLES.get(st, ""))
+        phase = sample.phases.get(name)
+        if phase and st != "loading":
+            label.append(f" ({phase})", "yellow")
+        version = int(m.get("version") or 0)
+        mine = [o for o in sample.reloads if o.model == name]
+        rows.append(
+            (
+                name,
+                f"v{version}" if version else "-",
+                label,
+                f"{m.get('policy')}/{m.get('strategy')}",
+                str(m.get("device") or "-"),
+                last_reload(mine, hms),
+            )
+        )
+    return tuple(rows)
+
+
+# ---------------------------------------------------------------------- queue, latency
+
+
+def queue_text(m: dict[str, Any] | None, history: Sequence[int], width: int) -> Text:
+    if m is None:
+        return Text("no model", "dim")
+    req = m.get("requests") or {}
+    rejected, timed_out = req.get("rejected", 0), req.get("timed_out", 0)
+    depth = Text.assemble("queued ", (f"{m.get('queue_depth', 0)}", "bold"))
+    depth.append(f" / {m.get('queue_limit', 0)}")
+    inflight = f"in flight {m.get('inflight', 0)}"
+    rej = Text.assemble("rejected ", (str(rejected), "bold red" if rejected else ""))
+    tmo = Text.assemble("timed out ", (str(timed_out), "bold red" if timed_out else ""))
+    spark = Text(sparkline(history, width), "cyan")
+    wide = depth + Text(f"  {inflight}")
+    if len(wide) <= width:  # room for two figures a line
+        lines = [
+            wide,
+            spark,
+            rej + Text("  ") + tmo,
+            Text(f"ok {req.get('ok', 0):,}  failed {req.get('failed', 0)}", "dim"),
+        ]
+    else:
+        lines = [depth, spark, rej, tmo, Text(inflight)]
+    return Text("\n").join(lines)
+
+
+def latency_text(m: dict[str, Any] | None, history: Sequence[float], width: int) -> Text:
+    if m is None:
+        return Text("no model", "dim")
+    lat = m.get("latency") or {}
+    if not lat.get("count"):
+        return Text("no requests in the last minute (l starts a demo load)", "dim")
+    p50 = Text.assemble("p50 ", (f"{lat['p50_ms']:.2f}", "bold"))
+    p95 = Text.assemble("p95 ", (f"{lat['p95_ms']:.2f}", "bold"))
+    p99 = Text.assemble("p99 ", (f"{lat['p99_ms']:.2f}", "bold yellow"))
+    spark = Text(sparkline(history, width), "yellow")
+    count = f"{lat['count']:,} req in 60 s"
+    wide = p50 + Text("  ") + p95 + Text("  ") + p99
+    if len(wide) <= width:
+        lines = [
+            wide,
+            spark,
+            Text("p99 trend, last 2 min", "dim"),
+            Text(f"{lat['count']:,} req/60 s, max {lat.get('max_ms', 0):.2f}", "dim"),
+        ]
+    else:
+        lines = [p50 + Text(" ") + p95, p99, spark, Text(count, "dim")]
+    return Text("\n").join(lines)
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def _gpu_lines(gpu: GpuSnapshot, width: int) -> list[Text]:
+    lines = []
+    for d in gpu.devices:
+        if d.problem:
+            lines.append(Text(f"GPU{d.index}: {d.problem}", "red"))
+            continue
+        figures = f" {d.memory_used / GIB:.1f}/{d.memory_total / GIB:.0f} GiB"
+        head = f"GPU{d.index} "
+        line = Text(head)
+        line.append_text(bar(d.memory_used / max(d.memory_total, 1), width - len(head + figures)))
+        line.append(figures)
+        lines.append(line)
+        own = [p for p in d.processes if p.is_hotreload_worker]
+        own_bytes = sum(p.used_memory_bytes or 0 for p in own)
+        share = own_bytes / d.memory_used if d.memory_used else 0.0
+        lines.append(
+            Text(f" hotreload {own_bytes / GIB:.2f} GiB ({share:.0%}, {len(own)} proc)", "dim")
+        )
+    return lines
+
+
+def memory_text(state: DashboardState, selected: str | None, width: int) -> Text:
+    sample = state.sample
+    if sample is None:
+        return Text("waiting for the first reading", "dim")
+    lines: list[Text] = []
+    gpu = sample.gpu
+    if gpu is not None and gpu.available:
+        lines += _gpu_lines(gpu, width)
+    else:
+        why = gpu.reason if gpu is not None and gpu.reason else "no reading yet"
+        # The library file name in parentheses says little to a person: keep the why.
+        lines.append(Text(f"no GPU data: {plain_reason(why)}", "yellow"))
+    # The selected model first: on a short screen its lines are the ones that fit.
+    for m in sorted(sample.models, key=lambda m: m["name"] != selected):
+        alloc = (m.get("worker") or {}).get("allocator")
+        mark = "▸" if m["name"] == selected and len(sample.models) > 1 else ""
+        line = Text(f"{mark}{m['name']} ", "bold", no_wrap=True, overflow="ellipsis")
+        if alloc:
+            line.append(
+                f"alloc {mib(alloc.get('allocated_bytes'))} res {mib(alloc.get('reserved_bytes'))}"
+                " MiB"
+            )
+        else:
+            rss = (m.get("worker") or {}).get("rss_bytes")
+            line.append(f"pid {m.get('pid') or '-'} RSS {mib(rss)} MiB")
+        lines.append(line)
+        grown = state.growth(m)
+        if grown is not None:
+            delta, base = grown
+            style = "bold red" if delta > 64 * MIB else "yellow" if delta > 8 * MIB else "dim"
+            what = "alloc" if base.kind == "allocated" else "RSS"
+            lines.append(
+                Text(f" {what} {delta / MIB:+.1f} MiB since v{base.version}", style, no_wrap=True)
+            )
+    return Text("\n").join(lines)
+
+
+# ---------------------------------------------------------------------- reloads
+
+
+def reload_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
+    """Newest first; reloads running now on top."""
+    sample = state.sample
+    rows: list[tuple[Any, ...]] = []
+    for live in sorted(state.live.values(), key=lambda r: -r.started_at):
+        rows.append(
+            (
+                hms(live.started_at),
+                live.model,
+                Text(f"running {live.phase or ''}".strip() + "…", "bold yellow"),
+                "",
+                trigger_text(live),
+                "",
+                phases_text(live.phases),
+            )
+        )
+    for o in reversed(sample.reloads if sample else ()):
+        outcome = (
+            Text(f"v{o.version} ok", "green")
+            if o.ok
+            else Text(f"FAILED {o.phase or ''}".strip(), "bold red")
+        )
+        rows.append(
+            (
+                hms(o.started_at),
+                o.model,
+                outcome,
+                f"{o.total_s:.2f} s",
+                trigger_text(o),
+                f"{o.policy}/{o.strategy}".strip("/"),
+                phases_text(o.phases),
+            )
+        )
+    return tuple(rows)
+
+
+def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -> Text:
+    if o is None:
+        if start_error:
+            t = Text(f"{start_error.get('model')} failed to start in ", "bold red")
+            t.append(f"{start_error.get('phase') or 'start'}: {start_error.get('error')}")
+            t.append("\nfix the file and save: the watcher tries again\n", "yellow")
+            t.append(str(start_error.get("traceback") or "").rstrip(), "dim")
+            return t
+        return Text("no reload yet: edit a watched file, or press r", "dim")
+    phases = " · ".join(f"{p} {s * 1000:.1f}" for p, s in o.phases.items())
+    if o.ok:
+        return Text.assemble((f"v{o.version} phases (ms): ", "bold green"), phases)
+    t = Text()
+    t.append(f"{o.model} FAILED in {o.phase}: ", "bold red")
+    t.append(str(o.error))
+    t.append(f" - v{o.version} keeps serving\n", "bold yellow")
+    t.append(f"phases (ms): {phases}")
+    if o.traceback:
+        t.append("\n" + user_traceback(o.traceback), "dim")
+    return t
+
+
+def user_traceback(tb: str) -> str:
+    """The traceback without hotreload's own frames: what is left points at the user's code."""
+    lines = tb.rstrip().splitlines()
+    out: list[str] = []
+    hidden = 0
+    skipping = False
+    for line in lines:
+        if line.startswith('  File "'):
+            skipping = f"{os.sep}hotreload{os.sep}" in line.split('"')[1]
+            hidden += skipping
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    if hidden and len(out) > 1:
+        out.insert(1, f"  ({hidden} hotreload frame(s) hidden)")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- xids
+
+
+def xid_rows(xids: Sequence[XidEvent], hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
+    rows = []
+    for x in reversed(xids):
+        style = "bold red" if is_critical(x) else ""
+        gpu = str(x.device_index) if x.device_index is not None else (x.pci or "?")
+        proc = f"{x.pid or '?'} {x.process or ''}".strip() if (x.pid or x.process) else "-"
+        rows.append(
+            tuple(
+                Text(str(v), style)
+                for v in (hms(x.received_at), gpu, x.xid, x.severity, proc, x.phase or "-", x.name)
+            )
+        )
+    return tuple(rows)
+
+
+def xid_sources_text(sources: Sequence[dict[str, Any]]) -> str:
+    parts = [
+        f"{s['name']} {'on' if s['active'] else 'off'}"
+        + ("" if s["active"] else f" ({plain_reason(str(s['reason']))})")
+        for s in sources
+    ]
+    return "sources: " + "; ".join(parts) if parts else "sources: starting"

@@ -1,0 +1,119 @@
+"""What the dashboard remembers between samples: short histories, memory baselines and the
+reloads running now. Plain Python, no widgets: the app feeds it samples and events."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotreload.engine.events import Event
+from hotreload.tui.source import Sample
+
+#: Points kept per history: 240 samples at the default 0.5 s is the last 2 minutes.
+HISTORY_POINTS = 240
+
+
+@dataclass
+class LiveReload:
+    """A reload in progress, built from phase events until its outcome arrives."""
+
+    model: str
+    trigger: str
+    started_at: float
+    detail: str | None = None
+    phase: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A model's memory figure at its first load: growth is measured against it."""
+
+    version: int
+    value: int
+    #: "allocated" (torch's CUDA allocator) or "rss" (host memory of the worker).
+    kind: str
+
+
+def memory_figure(model: dict[str, Any]) -> tuple[str, int] | None:
+    """The figure a leak shows in: allocated CUDA memory, else the worker's RSS."""
+    worker = model.get("worker") or {}
+    alloc = worker.get("allocator")
+    if alloc and alloc.get("allocated_bytes") is not None:
+        return "allocated", int(alloc["allocated_bytes"])
+    if worker.get("rss_bytes") is not None:
+        return "rss", int(worker["rss_bytes"])
+    return None
+
+
+class DashboardState:
+    def __init__(self, history_points: int = HISTORY_POINTS) -> None:
+        self.sample: Sample | None = None
+        self.history_points = history_points
+        self.queue: dict[str, deque[int]] = {}
+        self.p99: dict[str, deque[float]] = {}
+        self.baselines: dict[str, Baseline] = {}
+        self.live: dict[str, LiveReload] = {}
+        #: model -> the start_failed event (error and traceback of a failed first start).
+        self.start_errors: dict[str, Event] = {}
+
+    def model(self, name: str | None) -> dict[str, Any] | None:
+        if self.sample is None:
+            return None
+        for m in self.sample.models:
+            if m.get("name") == name:
+                return m
+        return None
+
+    def names(self) -> list[str]:
+        return [m["name"] for m in self.sample.models] if self.sample else []
+
+    def update(self, sample: Sample) -> None:
+        self.sample = sample
+        for m in sample.models:
+            name = m["name"]
+            q = self.queue.setdefault(name, deque(maxlen=self.history_points))
+            q.append(int(m.get("queue_depth") or 0))
+            lat = m.get("latency") or {}
+            p = self.p99.setdefault(name, deque(maxlen=self.history_points))
+            p.append(float(lat.get("p99_ms") or 0.0))
+            fig = memory_figure(m)
+            serving = m.get("state") == "serving" and int(m.get("version") or 0) >= 1
+            # A respawned worker or a CUDA figure appearing late starts a fresh baseline.
+            base = self.baselines.get(name)
+            if fig and serving and (base is None or base.kind != fig[0]):
+                self.baselines[name] = Baseline(int(m["version"]), fig[1], fig[0])
+        # A reload the history already holds is no longer "live".
+        for outcome in sample.reloads:
+            live = self.live.get(outcome.model)
+            if live is not None and outcome.started_at >= live.started_at:
+                self.live.pop(outcome.model, None)
+
+    def growth(self, model: dict[str, Any]) -> tuple[int, Baseline] | None:
+        base = self.baselines.get(model["name"])
+        fig = memory_figure(model)
+        if base is None or fig is None or fig[0] != base.kind:
+            return None
+        return fig[1] - base.value, base
+
+    def on_event(self, e: Event) -> None:
+        kind, model = e.get("kind"), e.get("model")
+        if not model:
+            return
+        if kind == "reload_requested" and model not in self.live:
+            self.live[model] = LiveReload(
+                model, str(e.get("trigger") or "?"), float(e.get("ts", 0.0)), e.get("detail")
+            )
+        elif kind == "phase_start":
+            # A follow-up reload queued behind another one starts without its own request.
+            live = self.live.setdefault(model, LiveReload(model, "queued", float(e.get("ts", 0))))
+            live.phase = e.get("phase")
+        elif kind == "phase_end" and model in self.live:
+            self.live[model].phases[str(e.get("phase"))] = float(e.get("duration_s") or 0.0)
+        elif kind in ("reload_done", "reload_failed"):
+            self.live.pop(model, None)
+        elif kind == "start_failed":
+            self.start_errors[model] = e
+        elif kind == "ready":
+            self.start_errors.pop(model, None)

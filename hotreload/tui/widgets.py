@@ -1,0 +1,76 @@
+"""Dumb widgets: each holds one reactive and paints it; none reads the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import DataTable
+
+
+class Panel(Widget):
+    """A bordered panel that shows one rendered view; repaints only when the view changes."""
+
+    view: reactive[Text] = reactive(Text, layout=True)
+
+    def __init__(self, title: str, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="panel")
+        self.border_title = title
+
+    def render(self) -> Text:
+        return self.view
+
+
+class StatusLine(Widget):
+    """The one-line header: config, watcher state, load generator, clock."""
+
+    view: reactive[Text] = reactive(Text)
+
+    def render(self) -> Text:
+        return self.view
+
+
+class RowsTable(DataTable[Any]):
+    """A table whose rows are one reactive tuple (`view`); unchanged rows cost nothing.
+
+    With `follow_newest`, a new row at the top takes the cursor (the newest reload is the
+    one a user wants to see); otherwise the cursor stays on the row it was on.
+    """
+
+    view: reactive[tuple[tuple[Any, ...], ...]] = reactive((), always_update=False)
+
+    def __init__(
+        self,
+        title: str,
+        columns: tuple[str, ...],
+        *,
+        follow_newest: bool = False,
+        cursor: bool = True,
+        id: str | None = None,
+    ) -> None:
+        super().__init__(
+            id=id, cursor_type="row" if cursor else "none", zebra_stripes=False, classes="panel"
+        )
+        self.border_title = title
+        self._columns = columns
+        self.follow_newest = follow_newest
+
+    def on_mount(self) -> None:
+        self.add_columns(*self._columns)
+
+    def watch_view(
+        self, old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]
+    ) -> None:
+        row = self.cursor_row
+        grew = len(new) > len(old)
+        # Columns too: their widths then fit today's cells, not the widest ever seen.
+        self.clear(columns=True)
+        self.add_columns(*self._columns)
+        self.add_rows(new)
+        if not new:
+            return
+        if self.follow_newest and grew:
+            row = 0
+        self.move_cursor(row=min(max(row, 0), len(new) - 1), animate=False)

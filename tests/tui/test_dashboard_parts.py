@@ -1,0 +1,46 @@
+"""The dashboard's pure parts: coalescing, sparklines, tracebacks, reset targets."""
+
+from __future__ import annotations
+
+from hotreload.gpu.readings import GpuSnapshot
+from hotreload.tui.messages import EngineEvent, Sampled
+from hotreload.tui.render import sparkline, user_traceback
+from hotreload.tui.scripted import cpu_scenario
+from hotreload.tui.source import reset_target
+
+
+def test_high_rate_messages_coalesce_but_outcomes_never_do() -> None:
+    (sample,), _ = cpu_scenario(steps=3)
+    assert Sampled(sample).can_replace(Sampled(sample))
+    state = {"kind": "state", "model": "mlp", "state": "loading"}
+    assert EngineEvent(state).can_replace(EngineEvent({**state, "state": "serving"}))
+    assert not EngineEvent(state).can_replace(EngineEvent({**state, "model": "other"}))
+    done = {"kind": "reload_done", "model": "mlp"}
+    assert not EngineEvent(done).can_replace(EngineEvent(done))
+
+
+def test_sparkline_keeps_a_spike_when_squeezed() -> None:
+    values = [0.0] * 200
+    values[101] = 9.0
+    line = sparkline(values, 20)
+    assert len(line) == 20 and line.count("█") == 1
+
+
+def test_traceback_hides_hotreload_frames() -> None:
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/hotreload/worker/loader.py", line 288, in build_version\n'
+        "    factory = resolve(spec)\n"
+        '  File "/p/model.py", line 44\n'
+        "    def broken(:\n"
+        "SyntaxError: invalid syntax"
+    )
+    out = user_traceback(tb)
+    assert "loader.py" not in out and "/p/model.py" in out and "1 hotreload frame" in out
+
+
+def test_no_gpu_reset_target_says_why() -> None:
+    snap = GpuSnapshot(0.0, False, "NVML library not found", None, None, ())
+    target = reset_target({"name": "mlp", "device": "cpu"}, snap)
+    assert target.index is None and "No NVIDIA GPU" in str(target.reason)
+    assert reset_target({"name": "mlp", "device": "cuda:1"}, None).index is None
