@@ -75,6 +75,7 @@ class ModelRouter:
 
     def __post_init__(self) -> None:
         self._queue: deque[Request] = deque()
+        self._peak_depth = 0
         self._inflight: set[Request] = set()
         self._gate_open = False
         self._idle = asyncio.Event()
@@ -86,6 +87,11 @@ class ModelRouter:
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    def take_peak_depth(self) -> int:
+        """Deepest the queue has been since the last call (a 0.5 s sample misses bursts)."""
+        peak, self._peak_depth = self._peak_depth, len(self._queue)
+        return peak
 
     @property
     def inflight(self) -> int:
@@ -105,6 +111,7 @@ class ModelRouter:
     def snapshot(self) -> dict[str, Any]:
         return {
             "queue_depth": self.depth,
+            "queue_peak": self.take_peak_depth(),
             "queue_limit": self.max_queue_size,
             "inflight": self.inflight,
             "gate_open": self._gate_open,
@@ -150,7 +157,7 @@ class ModelRouter:
             done(None, BadRequestError(f"model {self.name!r}: {problem}"))
             return
         if self.unavailable_reason is not None:
-            self.counters.failed += 1
+            self.counters.fail("unavailable")
             done(None, WorkerUnavailableError(self.unavailable_reason))
             return
         if len(self._queue) >= self.max_queue_size:
@@ -173,6 +180,7 @@ class ModelRouter:
         req = Request(metas, payload, done, now, now + timeout)
         req.timer = loop.call_at(req.deadline, self._expire, req, timeout)
         self._queue.append(req)
+        self._peak_depth = max(self._peak_depth, len(self._queue))
         self.pump()
 
     def _expire(self, req: Request, timeout: float) -> None:
@@ -231,12 +239,13 @@ class ModelRouter:
                 self.latency.add((now - req.enqueued_at) * 1000, now)
                 req.finish(frame, None)
             else:
-                self.counters.failed += 1
                 err = frame.header.get("error") or {}
                 message = f"model {self.name!r}: {err.get('message')}"
                 if err.get("code") == "worker_unavailable":
+                    self.counters.fail("unavailable")
                     req.finish(None, WorkerUnavailableError(message))
                 else:
+                    self.counters.fail("model_error")
                     req.finish(None, ModelError(message, err.get("traceback")))
         self.pump()
 
@@ -248,7 +257,7 @@ class ModelRouter:
             self.counters.retried += 1
             self._queue.appendleft(req)
             return
-        self.counters.failed += 1
+        self.counters.fail("unavailable")
         reason = str(exc) if isinstance(exc, WorkerDied) else f"{type(exc).__name__}: {exc}"
         req.finish(
             None,
@@ -283,7 +292,7 @@ class ModelRouter:
         while self._queue:
             req = self._queue.popleft()
             if not req.finished:
-                self.counters.failed += 1
+                self.counters.fail("unavailable")
                 req.finish(None, error)
                 n += 1
         return n

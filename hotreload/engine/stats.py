@@ -48,9 +48,21 @@ class RequestCounters:
     ok: int = 0
     rejected: int = 0
     timed_out: int = 0
+    #: model_error + unavailable.
     failed: int = 0
+    #: The model raised while computing the request.
+    model_error: int = 0
+    #: No worker could serve it (died after its retry, unloaded, shutting down).
+    unavailable: int = 0
     retried: int = 0
     bad_request: int = 0
+
+    def fail(self, kind: str) -> None:
+        self.failed += 1
+        if kind == "model_error":
+            self.model_error += 1
+        else:
+            self.unavailable += 1
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -240,6 +240,11 @@ class FileWatcher:
         for task in list(self._tasks):
             task.cancel()
 
+    @property
+    def watching(self) -> bool:
+        """True once the observer runs (inotify or polling)."""
+        return self._observer is not None
+
     def pause(self) -> None:
         self.paused = True
         self._pending.clear()

@@ -298,8 +298,8 @@ class _SessionCollector:
                 ("rejected", "queue_full", c.rejected),
                 ("rejected", "bad_request", bad),
                 ("timed_out", "timeout", c.timed_out),
-                # The router counts model errors and lost workers together.
-                ("failed", "model_error_or_worker_lost", c.failed),
+                ("failed", "model_error", c.model_error),
+                ("failed", "unavailable", c.unavailable),
             ):
                 requests.add_metric([name, outcome, reason], value)
             retried.add_metric([name], c.retried)

@@ -74,7 +74,8 @@ class DashboardState:
         for m in sample.models:
             name = m["name"]
             q = self.queue.setdefault(name, deque(maxlen=self.history_points))
-            q.append(int(m.get("queue_depth") or 0))
+            # The peak since the last sample: a burst between two samples still shows.
+            q.append(int(m.get("queue_peak", m.get("queue_depth")) or 0))
             lat = m.get("latency") or {}
             p = self.p99.setdefault(name, deque(maxlen=self.history_points))
             p.append(float(lat.get("p99_ms") or 0.0))

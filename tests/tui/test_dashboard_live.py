@@ -118,7 +118,7 @@ def test_panels_reload_key_reset_dialog_and_quit(project: Path) -> None:
 def test_broken_save_shows_the_error_while_the_old_version_serves(project: Path) -> None:
     async def body(app: DashboardApp, pilot: Pilot) -> None:
         # Let the watcher take its baseline before the edit.
-        await until(pilot, lambda: app.source.ws.watcher._observer is not None, "the watcher")
+        await until(pilot, lambda: app.source.ws.watcher.watching, "the watcher")
         path = project.parent / "model.py"
         path.write_text(path.read_text() + "\ndef broken(:\n")
         reloads = app.query_one("#reloads", RowsTable)
