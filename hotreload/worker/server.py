@@ -22,7 +22,7 @@ import psutil
 import torch
 
 from hotreload import runtime
-from hotreload.protocol.framing import Frame, pack_frame, read_frame_sync
+from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -356,9 +356,10 @@ class Worker:
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
+        reader = SocketFrameReader(self.sock, self.max_frame)
         while self.running:
             try:
-                frame = read_frame_sync(self.sock, self.max_frame)
+                frame = reader.read()
             except (ConnectionError, OSError):
                 break
             op = frame.header.get("op")
