@@ -22,7 +22,8 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.host import BringUpError
 from hotreload.engine.session import Session
 from hotreload.engine.stats import percentile
-from hotreload.errors import ConfigError, HotreloadError
+from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
+from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.paths import ensure_state_dir
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
@@ -104,6 +105,20 @@ class ModelCheck:
                 Step(name, False, time.monotonic() - t0, str(exc.args[0]), {}, hint, tb)
             )
             raise
+        except (ClientError, WorkerDied, WorkerReplyError, TimeoutError) as exc:
+            # The model failed a request (or its worker died): a failed check, not a broken
+            # environment, so exit 1 with the step and the model's traceback.
+            tb = getattr(exc, "remote_traceback", None)
+            message = str(exc).split("\n--- remote traceback ---", 1)[0] or "timed out"
+            hint = (
+                "forward() failed on the example-shaped zeros input: see the traceback"
+                if name == "infer"
+                else "the worker stopped answering: see the error"
+            )
+            self.report.steps.append(
+                Step(name, False, time.monotonic() - t0, message, {}, hint, tb)
+            )
+            raise CheckFailed(message) from exc
         self.report.steps.append(Step(name, True, time.monotonic() - t0, detail, figures))
         return result
 
@@ -113,7 +128,6 @@ class ModelCheck:
             self.config,
             events=events,
             endpoint=False,
-            snapshot_dir=self.config.state_dir / "check-good",
         )
         started_at = time.time()
         try:

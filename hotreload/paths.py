@@ -67,3 +67,11 @@ def ensure_state_dir(path: Path) -> Path:
         except OSError:
             pass
     return path
+
+
+def snapshot_root(config_path: Path) -> Path:
+    """Where a session keeps its last-good snapshots: outside the project, so copying a
+    model's folders never adds inotify watches or events inside the watched tree."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    digest = hashlib.sha256(str(config_path.resolve()).encode()).hexdigest()[:16]
+    return Path(cache) / "hotreload" / "snapshots" / digest

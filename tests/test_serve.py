@@ -342,3 +342,18 @@ def test_model_that_fails_to_load_exits_1_with_the_error(tmp_path: Path, serve) 
     assert session.proc.wait(60) == 1
     session.wait_for("bad build")
     assert "failed to start in load" in session.output
+
+
+def test_second_session_on_the_same_config_leaves_the_first_one_serving(
+    project: Path, serve
+) -> None:
+    first = serve(project)
+    client = Client(config=project)
+    assert client.infer("mlp", np.zeros((1, 64), np.float32)).version == 1
+    second = serve(project, wait_ready=False)
+    assert second.proc.wait(60) == 3
+    second.wait_for("already serving")
+    # The refused session must not remove the socket of the one that is serving.
+    assert first.proc.poll() is None and client.socket_path.exists()
+    with Client(config=project) as fresh:
+        assert fresh.infer("mlp", np.zeros((1, 64), np.float32)).version == 1

@@ -119,6 +119,22 @@ def test_configured_ignore_globs(tmp_path: Path) -> None:
     assert [p.name for c in changes for p in c.paths] == ["helper.py"]
 
 
+def test_folder_moved_out_of_the_tree_changes_its_files(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    pkg = config.parent / "layers"
+    pkg.mkdir()
+    (pkg / "block.py").write_text("X = 1\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    def move_out() -> None:
+        # inotify reports the folder alone: no event names block.py.
+        pkg.rename(outside / "layers")
+
+    changes, _ = run(watching(config, move_out))
+    assert [(c.model, [p.name for p in c.paths]) for c in changes] == [("mlp", ["block.py"])]
+
+
 def test_inotify_limit_falls_back_to_polling_and_says_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

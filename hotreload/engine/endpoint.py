@@ -88,9 +88,12 @@ class Endpoint:
             writer.close()
         for task in list(self._tasks):
             task.cancel()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        if self._server is None:
+            # start() never bound the socket (another session serves on it): not ours to remove.
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 

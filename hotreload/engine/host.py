@@ -84,8 +84,11 @@ class ModelHost:
         self._stopping = False
         #: Copy of the code and weights of the version serving now (None: use the disk).
         self.good_snapshot: Snapshot | None = None
-        #: Set by the reloader while it drains or syncs: it handles a wedge there itself.
+        #: The phase of the reload running now (events and Xid reports are tagged with it).
         self.reload_phase: str | None = None
+        #: True while the reloader holds this model: a worker death or a hung forward is then
+        #: the reloader's to handle (after its phases), so no restart races its swap.
+        self.reloading = False
         #: Called after a wedged worker was killed, before its replacement starts.
         self.escalate: Callable[[ModelHost], Awaitable[None]] | None = None
 
@@ -96,6 +99,21 @@ class ModelHost:
     @property
     def version(self) -> int:
         return self.current.version if self.current else 0
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def restarting(self) -> bool:
+        return self._restart_task is not None and not self._restart_task.done()
+
+    async def wait_restart(self) -> None:
+        """Return once no restart is running (a reload must not race one for the worker)."""
+        task = self._restart_task
+        if task is not None and not task.done():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(task)
 
     def set_state(self, state: str, **fields: Any) -> None:
         if state != self.state:
@@ -112,6 +130,9 @@ class ModelHost:
         except (WorkerDied, WorkerReplyError) as exc:
             await worker.kill()
             raise BringUpError("start", f"worker failed to start: {exc}") from exc
+        except BaseException:
+            await worker.kill()  # cancelled (shutdown): never leave a process behind
+            raise
         worker.on_death = self._on_worker_death
         self.events.emit("worker_started", model=self.name, pid=worker.pid, device=worker.device)
         return worker
@@ -169,6 +190,9 @@ class ModelHost:
             self.set_state("failed", error=str(exc))
             self.last_error = str(exc)
             raise
+        except BaseException:
+            await worker.kill()  # cancelled (Ctrl-C during the first load)
+            raise
         self._install(worker, info)
         self.ensure_watchdog()
 
@@ -198,6 +222,8 @@ class ModelHost:
         if self._stopping or worker is not self.worker:
             return
         self.events.emit("worker_died", model=self.name, pid=worker.pid, reason=worker.exit_reason)
+        if self.reloading:
+            return  # the reloader restarts it once its own phases have unwound
         self.schedule_restart(reason=worker.exit_reason or "worker died")
 
     def schedule_restart(self, reason: str, *, wedged: bool = False) -> None:
@@ -227,6 +253,10 @@ class ModelHost:
             try:
                 worker = await self.spawn_worker(code)
                 info = await self.bring_up(worker, version)
+            except asyncio.CancelledError:
+                if worker is not None:
+                    await worker.kill()
+                raise
             except BringUpError as exc:
                 self.last_error = f"restart {attempt}/{attempts} failed in {exc.phase}: {exc}"
                 self.events.emit(
@@ -289,13 +319,14 @@ class ModelHost:
         while not self._stopping:
             await asyncio.sleep(min(interval_s, limit / 4))
             age = self.router.oldest_inflight_age()
-            restarting = self._restart_task is not None and not self._restart_task.done()
             if (
                 age > limit
                 and self.worker is not None
                 and self.worker.alive
-                and not restarting
-                and self.reload_phase not in ("drain", "sync")
+                and not self.restarting
+                # A reload's drain (or in-band swap) behind the hung forward hits its own
+                # deadline and recovers; a restart now would race the reload for the worker.
+                and not self.reloading
             ):
                 self.set_state("wedged", forward_s=age)
                 self.events.emit(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +113,7 @@ class Reloader:
         self._running: _Job | None = None
         self._pending: _Job | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def busy(self) -> bool:
@@ -125,6 +127,9 @@ class Reloader:
         """Ask for a reload and wait for its outcome. While one runs, requests collapse into
         exactly one follow-up reload (with the newest files), whose outcome they all get."""
         detail = list(detail or [])
+        if self._closed:
+            # A reload asked for during shutdown would start a worker nobody stops.
+            return self._not_run(trigger, detail, "the session is stopping; the reload was not run")
         self.events.emit(
             "reload_requested",
             model=self.host.name,
@@ -144,13 +149,29 @@ class Reloader:
             self._pending.merge(trigger, detail, weights_only)
         return await asyncio.shield(self._pending.future)
 
+    def _not_run(self, trigger: str, detail: list[str], why: str) -> ReloadOutcome:
+        return ReloadOutcome(
+            self.host.name, False, self.host.version, trigger, error=why, detail=detail
+        )
+
     async def _drive(self, job: _Job | None) -> None:
         while job is not None:
             try:
                 outcome = await self._execute(job)
             except Exception as exc:
-                outcome = ReloadOutcome(
-                    self.host.name, False, self.host.version, job.trigger, error=repr(exc)
+                # A bug of ours, not the user's: say so with the traceback, keep reloading.
+                outcome = self._not_run(
+                    job.trigger, job.detail, f"internal error during the reload: {exc!r}"
+                )
+                outcome.traceback = traceback.format_exc()
+                self.events.emit(
+                    "reload_failed",
+                    model=self.host.name,
+                    version=outcome.version,
+                    phase=None,
+                    error=outcome.error,
+                    traceback=outcome.traceback,
+                    trigger=job.trigger,
                 )
             self.history.append(outcome)
             if not job.future.done():
@@ -159,10 +180,21 @@ class Reloader:
             self._running = job
 
     async def close(self) -> None:
+        """Stop reloading (session shutdown): a reload running now is cancelled, and every
+        caller still waiting, for it or for the follow-up, gets a failed outcome."""
+        self._closed = True
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        for job in (self._running, self._pending):
+            if job is not None and not job.future.done():
+                job.future.set_result(
+                    self._not_run(
+                        job.trigger, job.detail, "the session stopped before the reload finished"
+                    )
+                )
+        self._running = self._pending = None
 
     # ------------------------------------------------------------------ one reload
 
@@ -191,36 +223,26 @@ class Reloader:
                     ok=True,
                     detail=waited_note[0] if waited_note else None,
                 )
-            cold = host.worker is None or not host.worker.alive or host.current is None
-            if cold:
-                outcome.policy = "start"
-            else:
-                outcome.policy, reason = await self._choose_policy()
-                self.events.emit("policy", model=host.name, policy=outcome.policy, reason=reason)
-            candidate = await self._candidate_snapshot(host.version + 1)
+            # A worker being restarted (it died, or wedged) is the restart's until it is back.
+            await host.wait_restart()
+            host.reloading = True
+            candidate: Snapshot | None = None
             try:
-                if cold:
-                    await self._cold_start(job, outcome, candidate)
-                elif host.model.strategy == "respawn":
-                    await self._respawn(job, outcome, candidate)
-                elif outcome.policy == "availability":
-                    await self._inplace_availability(job, outcome)
-                else:
-                    await self._inplace_resource(job, outcome)
-            except PhaseFailed as exc:
-                outcome.phase, outcome.error = exc.phase, str(exc)
-                outcome.traceback = exc.remote_traceback
-                if isinstance(exc, Wedged):
-                    await self._recover_wedge(exc, outcome)
-                elif host.state not in ("failed", "unloaded"):
-                    host.set_state("serving", version=host.version)
+                candidate = await self._run_strategy(job, outcome)
+                outcome.version = host.version
+                if outcome.phase is None:
+                    outcome.ok = True
+                    self._promote(candidate)
+                if self._worker_lost():
+                    # It died during a phase (a crash in the user's code, the OOM killer):
+                    # bring the last good version back now, still holding the device lock.
+                    await self._restart_lost_worker(outcome)
             finally:
                 host.reload_phase = None
-            outcome.version = host.version
-            if outcome.phase is None:
-                outcome.ok = True
-                self._promote(candidate)
-            elif candidate is not None and candidate is not host.good_snapshot:
+                host.reloading = False
+            if self._worker_lost():  # died just now, its death deferred to us
+                host.schedule_restart(reason="worker died")
+            if not outcome.ok and candidate is not None and not self._is_good(candidate):
                 await asyncio.to_thread(_remove, candidate.folder)
         outcome.total_s = time.monotonic() - started
         host.last_error = outcome.error if not outcome.ok else None
@@ -247,6 +269,72 @@ class Reloader:
                 trigger=outcome.trigger,
             )
         return outcome
+
+    async def _run_strategy(self, job: _Job, outcome: ReloadOutcome) -> Snapshot | None:
+        """Pick the policy, snapshot the files, run the reload; returns the snapshot taken."""
+        host = self.host
+        cold = host.worker is None or not host.worker.alive or host.current is None
+        if cold:
+            outcome.policy = "start"
+        else:
+            outcome.policy, reason = await self._choose_policy()
+            self.events.emit("policy", model=host.name, policy=outcome.policy, reason=reason)
+        candidate = await self._candidate_snapshot(host.version + 1)
+        try:
+            if cold:
+                await self._cold_start(job, outcome, candidate)
+            elif host.model.strategy == "respawn":
+                await self._respawn(job, outcome, candidate)
+            elif outcome.policy == "availability":
+                await self._inplace_availability(job, outcome)
+            else:
+                await self._inplace_resource(job, outcome)
+        except PhaseFailed as exc:
+            outcome.phase, outcome.error = exc.phase, str(exc)
+            outcome.traceback = exc.remote_traceback
+            if isinstance(exc, Wedged):
+                await self._recover_wedge(exc, outcome)
+            elif not self._worker_lost() and host.state not in ("failed", "unloaded"):
+                # The old version serves on: let requests held by a closed gate through.
+                if host.worker is not None and host.current is not None:
+                    host.router.open_gate()
+                host.set_state("serving", version=host.version)
+        except BaseException:
+            # Cancelled (shutdown): the snapshot of a version that never served goes too.
+            if candidate is not None and not self._is_good(candidate):
+                _remove(candidate.folder)
+            raise
+        return candidate
+
+    def _is_good(self, snapshot: Snapshot) -> bool:
+        good = self.host.good_snapshot
+        return good is not None and good.folder == snapshot.folder
+
+    def _worker_lost(self) -> bool:
+        """The serving worker died and nothing is bringing it back yet."""
+        host = self.host
+        return (
+            host.worker is not None
+            and not host.worker.alive
+            and not host.stopping
+            and not host.restarting
+            and host.state not in ("failed", "unloaded")
+        )
+
+    async def _restart_lost_worker(self, outcome: ReloadOutcome) -> None:
+        host = self.host
+        assert host.worker is not None
+        died = host.worker.exit_reason or "worker died"
+        await host.restart_now(reason=f"{died} during the reload")
+        if host.state == "serving":
+            note = f"the worker died ({died}) and was restarted with v{host.version}"
+        else:
+            note = f"the worker died ({died}) and could not be restarted: {host.last_error}"
+        outcome.version = host.version
+        if outcome.ok:
+            outcome.detail.append(note)  # it died after the new version went live
+        else:
+            outcome.error = f"{outcome.error}; {note}"
 
     async def _phase(
         self,
@@ -493,9 +581,7 @@ class Reloader:
         try:
             info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
         except PhaseFailed:
-            # Put the old version back and serve again; the error is still reported.
-            await worker.request("restore", host.model.deadlines.load_s)
-            host.router.open_gate()
+            await self._restore_old(worker)  # the error is still reported
             raise
 
         async def swap() -> None:
@@ -506,6 +592,26 @@ class Reloader:
 
         await self._phase("swap", outcome, swap)
         await self._resume(outcome)
+
+    async def _restore_old(self, worker: WorkerProcess) -> None:
+        """Resource policy, after a failed load: put the offloaded old version back and serve.
+
+        A worker that died, or cannot restore, is left dead: the reloader then restarts it on
+        the last good snapshot.
+        """
+        if not worker.alive:
+            return
+        try:
+            await worker.request("restore", self.host.model.deadlines.load_s)
+        except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
+            self.events.emit(
+                "restore_failed",
+                model=self.host.name,
+                error=f"{exc}; restarting the worker on the last good version",
+            )
+            await worker.kill()
+            return
+        self.host.router.open_gate()
 
     async def _spawn_and_build(
         self, job: _Job, outcome: ReloadOutcome, version: int, *, cold: bool
@@ -532,6 +638,10 @@ class Reloader:
             if box:
                 await box[0].kill()
             raise PhaseFailed("spawn", str(exc)) from exc
+        except BaseException:
+            if box:
+                await box[0].kill()  # cancelled (shutdown): the new worker goes too
+            raise
         return box[0], info
 
     async def _respawn(self, job: _Job, outcome: ReloadOutcome, candidate: Snapshot | None) -> None:
@@ -539,8 +649,8 @@ class Reloader:
         old = host.worker
         assert old is not None
         version = host.version + 1
-        resource = outcome.policy == "resource"
-        if resource:
+        old_gone: str | None = None
+        if outcome.policy == "resource":
             await self._gate_drain_sync(old, outcome)
 
             async def offload() -> dict[str, Any]:
@@ -551,21 +661,28 @@ class Reloader:
             try:
                 new, info = await self._spawn_and_build(job, outcome, version, cold=False)
             except PhaseFailed:
-                await old.request("restore", host.model.deadlines.load_s)
-                host.router.open_gate()
+                await self._restore_old(old)
                 raise
-        old_wedged = False
-        if not resource:
+        else:
             new, info = await self._spawn_and_build(job, outcome, version, cold=False)
             try:
                 await self._gate_drain_sync(old, outcome)
-            except Wedged as exc:
-                old_wedged = True
-                # The new worker is ready: abandon the wedged old one instead of rolling back.
+            except PhaseFailed as exc:
+                if not isinstance(exc, Wedged) and old.alive:
+                    await new.kill()
+                    raise
+                # The new worker is ready: abandon a wedged or dead old one, no rollback.
+                old_gone = "wedged" if isinstance(exc, Wedged) else "died"
                 self.events.emit(
-                    "wedged", model=host.name, phase=exc.phase, detail=f"{exc}; old worker killed"
+                    "wedged" if old_gone == "wedged" else "worker_lost",
+                    model=host.name,
+                    phase=exc.phase,
+                    detail=f"{exc}; old worker abandoned",
                 )
-                outcome.detail.append(f"old worker wedged in {exc.phase}: killed")
+                outcome.detail.append(f"old worker {old_gone} in {exc.phase}: abandoned")
+            except BaseException:
+                await new.kill()
+                raise
 
         async def swap() -> None:
             host.worker = new
@@ -577,9 +694,9 @@ class Reloader:
 
         async def release() -> dict[str, Any]:
             # In-flight requests of a killed old worker are retried on the new one.
-            if old_wedged:
+            if old_gone:
                 await old.kill()
-                return {"detail": f"old worker pid {old.pid} killed (wedged)"}
+                return {"detail": f"old worker pid {old.pid} killed ({old_gone})"}
             await old.stop(host.model.deadlines.stop_s)
             return {"detail": f"old worker pid {old.pid} stopped"}
 

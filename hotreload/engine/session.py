@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.errors import BadRequestError
-from hotreload.paths import ensure_state_dir, socket_path_for
+from hotreload.paths import ensure_state_dir, snapshot_root, socket_path_for
 from hotreload.protocol.framing import Frame
 
 
@@ -38,6 +39,7 @@ class Session:
         self.events = events or EventBus(config.state_dir / "events.jsonl")
         self.hosts = {m.name: ModelHost(m, config, self.events) for m in config.models}
         self.locks = DeviceLocks()
+        self.snapshot_dir = snapshot_dir or snapshot_root(config.path) / f"session-{os.getpid()}"
         self.telemetry = GpuTelemetry(
             self.events,
             own_pids=self.worker_pids,
@@ -52,7 +54,7 @@ class Session:
                 host,
                 self.locks,
                 ignore=self.ignore_rules(host.model.ignore),
-                snapshot_dir=snapshot_dir or config.state_dir / "good",
+                snapshot_dir=self.snapshot_dir,
             )
             for name, host in self.hosts.items()
         }
@@ -94,6 +96,7 @@ class Session:
                     self, http.host, http.port, metrics_port=http.metrics_port
                 )
         await self.telemetry.start()
+        await asyncio.to_thread(_prune_stale_snapshots, self.snapshot_dir.parent)
         self.events.emit(
             "session_started",
             socket=str(self.socket_path),
@@ -133,6 +136,7 @@ class Session:
             await self.endpoint.close()
             self._remove_session_file()
         await self.telemetry.stop()
+        await asyncio.to_thread(shutil.rmtree, self.snapshot_dir, True)
         self.events.emit("session_stopped")
         self.events.close()
 
@@ -293,3 +297,18 @@ class Session:
             "uptime_s": round(time.time() - self.started_at, 3),
             "models": list(models),
         }
+
+
+def _prune_stale_snapshots(folder: Path) -> None:
+    """Remove snapshot folders of sessions that died without cleaning up."""
+    if not folder.is_dir():
+        return
+    for child in folder.glob("session-*"):
+        pid = child.name.removeprefix("session-")
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(child, ignore_errors=True)
+            except PermissionError:
+                pass  # another user's live session

@@ -283,10 +283,20 @@ class FileWatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _expand(self, paths: set[Path]) -> set[Path]:
+        """Add the files known under a folder event's path: a folder moved out of the tree
+        (or deleted by a rename) gets one event for itself and none for the files in it."""
+        out = set(paths)
+        for p in paths:
+            if p in self._baseline and not p.is_dir():
+                continue  # a file we know: the common case, no scan
+            out.update(q for q in list(self._baseline) if p in q.parents)
+        return out
+
     def _diff(self, paths: set[Path]) -> list[Path]:
         """Paths whose content differs from the last seen (deleted counts as changed)."""
         changed = []
-        for p in sorted(paths):
+        for p in sorted(self._expand(paths)):
             old = self._baseline.get(p)
             try:
                 st = p.stat()

@@ -104,6 +104,9 @@ class WorkerProcess:
         #: Called once, from the event loop, when the worker dies unexpectedly.
         self.on_death: Callable[[WorkerProcess], None] | None = None
         self._stopping = False
+        #: False once the channel hit EOF: the exit status may still be a moment away, and a
+        #: request sent meanwhile would be lost (and use up its one retry) for nothing.
+        self._channel_open = True
 
     async def start(self, timeout_s: float) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -123,21 +126,31 @@ class WorkerProcess:
                 stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None,
                 start_new_session=True,
             )
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         self.pid = self.proc.pid
-        reader, self._writer = await asyncio.open_unix_connection(
-            sock=parent, limit=self.config.max_frame_bytes
-        )
-        loop = asyncio.get_running_loop()
-        self._hello = loop.create_future()
-        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.pid}")
-        self._exit_task = asyncio.create_task(self._watch_exit(), name=f"worker-exit-{self.pid}")
         try:
+            reader, self._writer = await asyncio.open_unix_connection(
+                sock=parent, limit=self.config.max_frame_bytes
+            )
+            loop = asyncio.get_running_loop()
+            self._hello = loop.create_future()
+            self._reader_task = asyncio.create_task(
+                self._read_loop(reader), name=f"worker-{self.pid}"
+            )
+            self._exit_task = asyncio.create_task(
+                self._watch_exit(), name=f"worker-exit-{self.pid}"
+            )
             hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
         except TimeoutError:
             await self.kill()
             raise WorkerDied(f"worker did not start within {timeout_s:.0f} s") from None
+        except BaseException:
+            await self.kill()  # cancelled, or the channel failed: no process left behind
+            raise
         if not hello.header.get("ok"):
             raise WorkerReplyError(hello.header.get("error", {}))
         self.device = hello.header.get("device")
@@ -173,6 +186,7 @@ class WorkerProcess:
         except Exception as exc:
             self.exit_reason = f"channel error: {exc}"
         finally:
+            self._channel_open = False
             if self._hello is not None and not self._hello.done():
                 self._hello.set_exception(WorkerDied(self.exit_reason or "worker exited at start"))
             self._fail_pending()
@@ -181,7 +195,8 @@ class WorkerProcess:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.proc.wait(), 2.0)
                 if self.proc.returncode is None:
-                    await self.kill()
+                    # Not kill(): that marks a stop we asked for, and on_death would not run.
+                    await self._sigkill()
 
     def _fail_pending(self) -> None:
         reason = self.exit_reason or "worker channel closed"
@@ -195,7 +210,12 @@ class WorkerProcess:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None and not self.dead.is_set()
+        return (
+            self.proc is not None
+            and self.proc.returncode is None
+            and self._channel_open
+            and not self.dead.is_set()
+        )
 
     def send(
         self, header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
@@ -238,13 +258,15 @@ class WorkerProcess:
         """Ask the worker to exit; terminate, then kill, if it does not within `timeout_s`."""
         self._stopping = True
         if self.proc is None or self.proc.returncode is not None:
+            self._close()
             return
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.request("shutdown"), min(timeout_s, 2.0))
         try:
             await asyncio.wait_for(self.proc.wait(), timeout_s)
         except TimeoutError:
-            self.proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
             try:
                 await asyncio.wait_for(self.proc.wait(), 2.0)
             except TimeoutError:
@@ -254,6 +276,10 @@ class WorkerProcess:
     async def kill(self) -> None:
         """SIGKILL: the only way out of a forward stuck in a kernel that never returns."""
         self._stopping = True
+        await self._sigkill()
+        self._close()
+
+    async def _sigkill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -261,7 +287,6 @@ class WorkerProcess:
                 self.proc.kill()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.proc.wait(), 5.0)
-        self._close()
 
     def _close(self) -> None:
         if self._writer is not None:

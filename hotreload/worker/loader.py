@@ -6,6 +6,7 @@ that takes seconds does not stall serving.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import importlib.util
@@ -105,15 +106,31 @@ def drop_user_modules(roots: Sequence[Path]) -> list[str]:
     return names
 
 
+def _path_first(folder: str) -> None:
+    """Put the code's folder first on sys.path, even when it is there already (the project
+    folder is, as the worker's cwd): after a restart on a snapshot, the snapshot's folder
+    went in front, and the user's sibling modules would keep coming from that stale copy."""
+    if sys.path[:1] != [folder]:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+        sys.path.insert(0, folder)
+
+
+def forget_paths(roots: Sequence[Path]) -> None:
+    """Drop sys.path entries inside `roots` (code paths the worker no longer loads from)."""
+    prefixes = tuple(pre for pre in _prefixes(roots) if pre.endswith(os.sep))
+    sys.path[:] = [
+        p for p in sys.path if not (p and (os.path.abspath(p) + os.sep).startswith(prefixes))
+    ]
+
+
 def resolve(entry: dict[str, Any], root: Path) -> Any:
     """Import the module of an entry point and return its attribute."""
     if entry.get("file"):
         file = Path(entry["file"])
         if not file.is_file():
             raise LoadError(f"{entry['spec']}: file {file} no longer exists")
-        folder = str(file.parent)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+        _path_first(str(file.parent))
         mod_name = file.stem
         module = sys.modules.get(mod_name)
         if module is None or not _under(getattr(module, "__file__", None), [file]):
@@ -128,8 +145,7 @@ def resolve(entry: dict[str, Any], root: Path) -> Any:
                 sys.modules.pop(mod_name, None)
                 raise
     else:
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+        _path_first(str(root))
         module = importlib.import_module(entry["module"])
     target: Any = module
     for part in entry["attr"].split("."):
