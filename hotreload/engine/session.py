@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -136,7 +137,7 @@ class Session:
             await self.endpoint.close()
             self._remove_session_file()
         await self.telemetry.stop()
-        await asyncio.to_thread(shutil.rmtree, self.snapshot_dir, True)
+        await asyncio.to_thread(_remove_snapshots, self.snapshot_dir)
         self.events.emit("session_stopped")
         self.events.close()
 
@@ -312,3 +313,9 @@ def _prune_stale_snapshots(folder: Path) -> None:
                 shutil.rmtree(child, ignore_errors=True)
             except PermissionError:
                 pass  # another user's live session
+
+
+def _remove_snapshots(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()  # only when no other session of this config is left

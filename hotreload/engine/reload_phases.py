@@ -1,0 +1,420 @@
+"""The reload phases and the order each policy and strategy runs them in.
+
+A mixin of `Reloader` (see reloader.py for the protocol): each method runs a group of
+phases through `_phase`, which times them, emits their events and turns errors into
+`PhaseFailed` naming the phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psutil
+
+from hotreload.engine.host import ModelHost, VersionInfo
+from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
+from hotreload.engine.snapshots import Snapshot, code_paths
+from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+
+T = TypeVar("T")
+MIB = 2**20
+#: Headroom `auto` wants above the new version's footprint before it loads next to the old.
+AUTO_MARGIN_BYTES = 256 * MIB
+AUTO_MARGIN_RATIO = 0.2
+
+
+class ReloadPhases:
+    """Phase implementations; `Reloader` supplies host, events and the recovery hooks."""
+
+    host: ModelHost
+    events: Any
+
+    async def _phase(
+        self,
+        name: str,
+        outcome: ReloadOutcome,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        deadline_s: float | None = None,
+        state: str | None = None,
+    ) -> T:
+        """Run one phase: timed, evented; errors become PhaseFailed naming the phase."""
+        host = self.host
+        host.reload_phase = name
+        if state:
+            host.set_state(state)
+        self.events.emit("phase_start", model=host.name, phase=name)
+        t0 = time.monotonic()
+        detail: str | None = None
+        ok = True
+        skipped = False
+        try:
+            result = await (asyncio.wait_for(fn(), deadline_s) if deadline_s else fn())
+            if isinstance(result, dict):
+                skipped = bool(result.get("skipped"))
+                detail = result.get("detail") or result.get("reason")
+            return result
+        except PhaseFailed as exc:
+            ok, detail = False, str(exc)
+            raise
+        except WorkerReplyError as exc:
+            ok, detail = False, str(exc)
+            raise PhaseFailed(name, str(exc), exc.remote_traceback) from exc
+        except TimeoutError:
+            ok = False
+            detail = f"{name} did not finish within its {deadline_s:g} s deadline"
+            raise PhaseFailed(name, detail) from None
+        except WorkerDied as exc:
+            ok, detail = False, f"worker died during {name}: {exc}"
+            raise PhaseFailed(name, detail) from exc
+        finally:
+            duration = time.monotonic() - t0
+            outcome.phases[name] = duration
+            self.events.emit(
+                "phase_end",
+                model=host.name,
+                phase=name,
+                duration_s=duration,
+                ok=ok,
+                skipped=skipped,
+                detail=detail,
+            )
+
+    # ------------------------------------------------------------------ policies
+
+    async def _choose_policy(self) -> tuple[str, str]:
+        host = self.host
+        configured = host.model.policy
+        if configured != "auto":
+            return configured, "set in the config"
+        need = host.current.footprint_bytes if host.current else 0
+        status = await host.worker_status()
+        memory = status.get("device_memory")
+        if memory:
+            free, where = int(memory["free_bytes"]), f"{host.worker.device if host.worker else ''}"
+        else:
+            free, where = psutil.virtual_memory().available, "host RAM"
+        margin = max(AUTO_MARGIN_BYTES, int(need * AUTO_MARGIN_RATIO))
+        figures = f"{free / MIB:.0f} MiB free on {where}, last version used {need / MIB:.0f} MiB"
+        if free >= need + margin:
+            return "availability", f"auto: {figures}: load next to the old version"
+        return "resource", f"auto: {figures} (+{margin / MIB:.0f} MiB margin): unload first"
+
+    def _load_fields(self, job: ReloadJob) -> dict[str, Any]:
+        # Always load from the live files: a worker restarted on a snapshot goes back to them.
+        return {
+            "reimport": not job.weights_only,
+            "code": code_paths(self.host.model, self.host.config.root),
+        }
+
+    async def _load_warm_smoke(
+        self,
+        worker: WorkerProcess,
+        version: int,
+        job: ReloadJob,
+        outcome: ReloadOutcome,
+        *,
+        cold: bool,
+    ) -> VersionInfo:
+        d = self.host.model.deadlines
+        info = VersionInfo(version=version)
+        previous = self.host.current.outputs if self.host.current else None
+
+        async def load() -> dict[str, Any]:
+            r = await worker.request("load", None, version=version, **self._load_fields(job))
+            info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
+            info.inputs, info.input_form = r["inputs"], r["input_form"]
+            what = (
+                "weights only"
+                if job.weights_only
+                else f"{r.get('reimported', 0)} module(s) re-imported"
+            )
+            return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB"}
+
+        async def warm() -> dict[str, Any]:
+            r = await worker.request(
+                "warm", None, target="staged", iters=self.host.model.warmup_iters
+            )
+            info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
+            passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
+            return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms"}
+
+        async def smoke() -> dict[str, Any]:
+            r = await worker.request("smoke", None, target="staged", previous_outputs=previous)
+            info.outputs = r["outputs"]
+            sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
+            return {"detail": sig}
+
+        state_load = "loading" if cold or self.host.router.gate_open is False else "reloading"
+        await self._phase("load", outcome, load, deadline_s=d.load_s, state=state_load)
+        await self._phase(
+            "warm", outcome, warm, deadline_s=d.warm_s, state="warming" if cold else None
+        )
+        await self._phase("smoke", outcome, smoke, deadline_s=d.smoke_s)
+        return info
+
+    async def _gate_drain_sync(self, worker: WorkerProcess, outcome: ReloadOutcome) -> None:
+        host, d = self.host, self.host.model.deadlines
+
+        async def gate() -> None:
+            host.router.close_gate()
+
+        async def drain() -> dict[str, Any]:
+            n = host.router.inflight
+            if not await host.router.drain(d.drain_s):
+                raise Wedged(
+                    "drain",
+                    f"{host.router.inflight} request(s) still running after the {d.drain_s:g} s "
+                    "drain deadline: a forward is hung",
+                )
+            return {"detail": f"{n} in flight, {host.router.depth} waiting in the queue"}
+
+        async def sync() -> dict[str, Any]:
+            r = await worker.request("sync", d.sync_s + 5.0, which="current", deadline_s=d.sync_s)
+            if r.get("skipped"):
+                return {"skipped": True, "reason": r.get("reason")}
+            if not r.get("idle"):
+                busy = ", ".join(r.get("busy") or []) or "?"
+                raise Wedged(
+                    "sync", f"stream(s) still busy after the {d.sync_s:g} s sync deadline: {busy}"
+                )
+            n, ms = len(r.get("streams", [])), r["waited_s"] * 1000
+            return {"detail": f"{n} stream(s) idle in {ms:.1f} ms"}
+
+        await self._phase("gate", outcome, gate, state="draining")
+        await self._phase("drain", outcome, drain)
+        await self._phase("sync", outcome, sync)
+
+    async def _resume(self, outcome: ReloadOutcome) -> None:
+        async def resume() -> None:
+            self.host.router.open_gate()
+            self.host.set_state("serving", version=self.host.version)
+
+        await self._phase("resume", outcome, resume)
+
+    async def _inplace_availability(self, job: ReloadJob, outcome: ReloadOutcome) -> None:
+        host = self.host
+        worker = host.worker
+        assert worker is not None
+        version = host.version + 1
+        try:
+            info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
+        except PhaseFailed:
+            with contextlib.suppress(Exception):
+                await worker.request("release", 30.0, which="staged")
+            raise
+        await self._inband_swap(worker, info, outcome)
+
+        async def release() -> dict[str, Any]:
+            r = await worker.request("release", host.model.deadlines.stop_s, which="retired")
+            return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
+
+        await self._phase("release", outcome, release)
+
+    async def _inband_swap(
+        self, worker: WorkerProcess, info: VersionInfo, outcome: ReloadOutcome
+    ) -> None:
+        """gate, drain, sync and swap without pausing admission (availability, inplace).
+
+        The swap goes to the worker's serving thread behind the requests already sent: when
+        it runs, they have all finished (the drain); the thread then polls the old
+        version's streams to the sync deadline and switches. New requests keep flowing to
+        the worker meanwhile and queue behind the swap, so serving never stops.
+        """
+        host, d = self.host, self.host.model.deadlines
+        reply: dict[str, Any] = {}
+
+        async def gate() -> dict[str, Any]:
+            return {"skipped": True, "reason": "in-band swap: admission stays open"}
+
+        async def drain() -> dict[str, Any]:
+            n = host.router.inflight
+            try:
+                reply.update(
+                    await asyncio.wait_for(
+                        worker.request("swap", None, inband=True, sync_deadline_s=d.sync_s),
+                        d.drain_s + d.sync_s,
+                    )
+                )
+            except TimeoutError:
+                raise Wedged(
+                    "drain",
+                    f"requests sent before the swap still running after the {d.drain_s:g} s "
+                    "drain deadline: a forward is hung",
+                ) from None
+            except WorkerReplyError as exc:
+                if exc.code == "streams_busy":
+                    raise Wedged("sync", str(exc)) from None
+                raise
+            return {"detail": f"{n} request(s) in flight finished before the swap"}
+
+        async def sync() -> dict[str, Any]:
+            s = reply.get("sync") or {}
+            if s.get("skipped"):
+                return {"skipped": True, "reason": s.get("reason")}
+            n, ms = len(s.get("streams", [])), s.get("waited_s", 0.0) * 1000
+            return {"detail": f"{n} stream(s) idle after {ms:.1f} ms (polled by the worker)"}
+
+        async def swap() -> None:
+            host.current = info
+            host.router.input_form, host.router.input_signature = info.input_form, info.inputs
+            host.set_state("serving", version=info.version)
+
+        await self._phase("gate", outcome, gate)
+        await self._phase("drain", outcome, drain)
+        await self._phase("sync", outcome, sync)
+        await self._phase("swap", outcome, swap)
+
+    async def _inplace_resource(self, job: ReloadJob, outcome: ReloadOutcome) -> None:
+        host = self.host
+        worker = host.worker
+        assert worker is not None
+        version = host.version + 1
+        await self._gate_drain_sync(worker, outcome)
+
+        async def release() -> dict[str, Any]:
+            await worker.request("offload", host.model.deadlines.stop_s)
+            return {"detail": "old version moved to host memory (kept to restore on failure)"}
+
+        await self._phase("release", outcome, release)
+        try:
+            info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
+        except PhaseFailed:
+            await self._restore_old(worker)  # the error is still reported
+            raise
+
+        async def swap() -> None:
+            await worker.request("swap", 30.0)
+            await worker.request("release", host.model.deadlines.stop_s, which="retired")
+            host.current = info
+            host.router.input_form, host.router.input_signature = info.input_form, info.inputs
+
+        await self._phase("swap", outcome, swap)
+        await self._resume(outcome)
+
+    async def _restore_old(self, worker: WorkerProcess) -> None:
+        """Resource policy, after a failed load: put the offloaded old version back and serve.
+
+        A worker that died, or cannot restore, is left dead: the reloader then restarts it on
+        the last good snapshot.
+        """
+        if not worker.alive:
+            return
+        try:
+            await worker.request("restore", self.host.model.deadlines.load_s)
+        except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
+            self.events.emit(
+                "restore_failed",
+                model=self.host.name,
+                error=f"{exc}; restarting the worker on the last good version",
+            )
+            await worker.kill()
+            return
+        self.host.router.open_gate()
+
+    async def _spawn_and_build(
+        self, job: ReloadJob, outcome: ReloadOutcome, version: int, *, cold: bool
+    ) -> tuple[WorkerProcess, VersionInfo]:
+        host = self.host
+        box: list[WorkerProcess] = []
+
+        async def spawn() -> dict[str, Any]:
+            worker = await host.spawn_worker(code_paths(host.model, host.config.root))
+            box.append(worker)
+            return {"detail": f"worker pid {worker.pid}"}
+
+        try:
+            await self._phase("spawn", outcome, spawn, deadline_s=host.model.deadlines.start_s)
+            info = await self._load_warm_smoke(box[0], version, job, outcome, cold=cold)
+            await box[0].request("swap", 30.0)  # the new worker's own staged -> current
+        except (PhaseFailed, WorkerReplyError, WorkerDied, TimeoutError) as exc:
+            if box:
+                await box[0].kill()
+            if isinstance(exc, PhaseFailed):
+                raise
+            raise PhaseFailed("swap", f"new worker failed to switch: {exc}") from exc
+        except Exception as exc:
+            if box:
+                await box[0].kill()
+            raise PhaseFailed("spawn", str(exc)) from exc
+        except BaseException:
+            if box:
+                await box[0].kill()  # cancelled (shutdown): the new worker goes too
+            raise
+        return box[0], info
+
+    async def _respawn(
+        self, job: ReloadJob, outcome: ReloadOutcome, candidate: Snapshot | None
+    ) -> None:
+        host = self.host
+        old = host.worker
+        assert old is not None
+        version = host.version + 1
+        old_gone: str | None = None
+        if outcome.policy == "resource":
+            await self._gate_drain_sync(old, outcome)
+
+            async def offload() -> dict[str, Any]:
+                await old.request("offload", host.model.deadlines.stop_s)
+                return {"detail": "old worker's version moved to host memory"}
+
+            await self._phase("release", outcome, offload)
+            try:
+                new, info = await self._spawn_and_build(job, outcome, version, cold=False)
+            except PhaseFailed:
+                await self._restore_old(old)
+                raise
+        else:
+            new, info = await self._spawn_and_build(job, outcome, version, cold=False)
+            try:
+                await self._gate_drain_sync(old, outcome)
+            except PhaseFailed as exc:
+                if not isinstance(exc, Wedged) and old.alive:
+                    await new.kill()
+                    raise
+                # The new worker is ready: abandon a wedged or dead old one, no rollback.
+                old_gone = "wedged" if isinstance(exc, Wedged) else "died"
+                self.events.emit(
+                    "wedged" if old_gone == "wedged" else "worker_lost",
+                    model=host.name,
+                    phase=exc.phase,
+                    detail=f"{exc}; old worker abandoned",
+                )
+                outcome.detail.append(f"old worker {old_gone} in {exc.phase}: abandoned")
+            except BaseException:
+                await new.kill()
+                raise
+
+        async def swap() -> None:
+            host.worker = new
+            host._install(new, info, announce=False)
+            host.router.close_gate()  # reopened by resume
+
+        await self._phase("swap", outcome, swap)
+        await self._resume(outcome)
+
+        async def release() -> dict[str, Any]:
+            # In-flight requests of a killed old worker are retried on the new one.
+            if old_gone:
+                await old.kill()
+                return {"detail": f"old worker pid {old.pid} killed ({old_gone})"}
+            await old.stop(host.model.deadlines.stop_s)
+            return {"detail": f"old worker pid {old.pid} stopped"}
+
+        await self._phase("release", outcome, release)
+
+    async def _cold_start(
+        self, job: ReloadJob, outcome: ReloadOutcome, candidate: Snapshot | None
+    ) -> None:
+        """No live worker (first start failed, unloaded, or restarts gave up): start one."""
+        host = self.host
+        version = host.version + 1
+        if host.worker is not None and not host.worker.alive:
+            await host.worker.kill()
+        new, info = await self._spawn_and_build(job, outcome, version, cold=True)
+        host._install(new, info, announce=False)
+        host.ensure_watchdog()
