@@ -31,6 +31,18 @@ from hotreload.protocol.framing import (
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
 
+def _no_server(path: Path, exc: OSError) -> NoServerError:
+    if isinstance(exc, PermissionError):
+        return NoServerError(
+            f"cannot connect to {path}: permission denied (the session belongs to another "
+            "user, or its folder's permissions were changed)"
+        )
+    return NoServerError(
+        f"no hotreload session is listening on {path} ({exc.strerror or exc}); "
+        "start one with `hotreload watch` or `hotreload serve`"
+    )
+
+
 class InferResult(NamedTuple):
     """What `infer` returns: unpack as `output, version = client.infer(...)`."""
 
@@ -119,12 +131,9 @@ class Client:
             sock.settimeout(None if self.timeout_s is None else self.timeout_s + 5.0)
             try:
                 sock.connect(str(self.socket_path))
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
+            except OSError as exc:
                 sock.close()
-                raise NoServerError(
-                    f"no hotreload session is listening on {self.socket_path} ({exc.strerror}); "
-                    "start one with `hotreload serve` or `hotreload watch`"
-                ) from None
+                raise _no_server(self.socket_path, exc) from None
             self._local.sock = sock
             with self._all_lock:
                 self._all.append(sock)
@@ -222,10 +231,8 @@ class AsyncClient:
                     reader, self._writer = await asyncio.open_unix_connection(
                         str(self.socket_path), limit=self.max_frame_bytes + 1024 * 1024
                     )
-                except (FileNotFoundError, ConnectionRefusedError) as exc:
-                    raise NoServerError(
-                        f"no hotreload session is listening on {self.socket_path} ({exc.strerror})"
-                    ) from None
+                except OSError as exc:
+                    raise _no_server(self.socket_path, exc) from None
                 self._reader_task = asyncio.create_task(self._read_loop(reader))
             return self._writer
 

@@ -7,12 +7,10 @@ Meant for an editor key binding: exits 0 when every reload succeeded, 1 when one
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
-from hotreload.client import Client
-from hotreload.errors import BadRequestError, ClientError, ConfigError, NoServerError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK
+from hotreload.session_call import call_session
 
 
 def format_outcome(o: dict[str, Any]) -> str:
@@ -30,21 +28,10 @@ def format_outcome(o: dict[str, Any]) -> str:
 
 
 def reload_main(config: str | None, model: str | None, *, as_json: bool = False) -> int:
-    try:
-        client = Client(config, timeout_s=None)  # a reload takes as long as the model's load
-        reply = client.reload(model)
-    except ConfigError as exc:
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except NoServerError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
-    except BadRequestError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ClientError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+    # No timeout: a reload takes as long as the model's load (its deadlines bound it).
+    reply, code = call_session(config, lambda c: c.reload(model), timeout_s=None)
+    if reply is None:
+        return code or EXIT_FAILURE
     outcomes = reply.get("outcomes", [])
     if as_json:
         print(json.dumps(outcomes, indent=2))

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
-from hotreload.client import Client
-from hotreload.errors import ConfigError, NoServerError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
+from hotreload.session_call import call_session
 
 
 def _mib(n: Any) -> str:
@@ -43,15 +41,9 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def status_main(config: str | None, *, as_json: bool = False) -> int:
-    try:
-        client = Client(config, timeout_s=10.0)
-        status = client.status()
-    except ConfigError as exc:
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except NoServerError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+    status, code = call_session(config, lambda c: c.status(), timeout_s=10.0)
+    if status is None:
+        return code or EXIT_ENVIRONMENT
     status.pop("id", None)
     status.pop("ok", None)
     if as_json:

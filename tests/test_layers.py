@@ -16,6 +16,7 @@ HEAVY = ("torch", "textual", "pynvml")
         "hotreload.engine.session, hotreload.engine.serve, hotreload.engine.host",
         "hotreload.engine.router, hotreload.engine.endpoint, hotreload.engine.worker_proc",
         "hotreload.client, hotreload.cli, hotreload.status_cmd, hotreload.reload_cmd",
+        "hotreload.session_call, hotreload.check, hotreload.engine.reload_phases",
         "hotreload.engine.reloader, hotreload.engine.watcher, hotreload.engine.watch",
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
     ],
