@@ -357,3 +357,24 @@ def test_second_session_on_the_same_config_leaves_the_first_one_serving(
     assert first.proc.poll() is None and client.socket_path.exists()
     with Client(config=project) as fresh:
         assert fresh.infer("mlp", np.zeros((1, 64), np.float32)).version == 1
+
+
+def test_ctrl_c_during_a_long_first_load_stops_at_once(tmp_path: Path, serve) -> None:
+    config = make_project(
+        tmp_path,
+        config=(
+            '[[models]]\nname = "slow"\nentry = "slowload.py:build"\n'
+            'example = "slowload.py:example"\n'
+        ),
+        files={
+            "slowload.py": "import time\nimport torch\n\ndef build():\n    time.sleep(60)\n"
+            "    return torch.nn.Identity()\n\ndef example():\n    return torch.zeros(1, 4)\n"
+        },
+    )
+    session = serve(config, wait_ready=False)
+    session.wait_for("no GPU data", 60)  # the session is up; the worker is loading
+    time.sleep(1.0)  # the worker is inside build() now
+    t0 = time.monotonic()
+    assert session.stop(signal.SIGINT, timeout=30) == 0
+    assert time.monotonic() - t0 < 25, "the stop waited for the 60 s load"
+    assert "stopping before the models were ready" in session.output

@@ -392,6 +392,9 @@ class ModelHost:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self.set_state("draining")
+        if self.worker is not None and self.worker.alive and self.router.unavailable_reason is None:
+            # A reload cancelled by the shutdown may have left the gate closed.
+            self.router.open_gate()
         # Let queued requests finish while the gate stays open, up to the drain deadline.
         timeout = drain_timeout_s if drain_timeout_s is not None else self.model.deadlines.drain_s
         deadline = time.monotonic() + timeout

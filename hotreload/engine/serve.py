@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -32,8 +33,19 @@ async def run_until_signal(
     stopping = asyncio.Event()
     install_stop_signals(stopping)
     try:
+        # Ctrl-C during a long first load stops at once instead of after the load.
+        starting = asyncio.ensure_future(start())
+        signalled = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, BringUpError):
+                await starting
+            print("stopping before the models were ready...", flush=True)
+            return EXIT_OK
+        signalled.cancel()
         try:
-            await start()
+            starting.result()
         except BringUpError:
             return EXIT_FAILURE  # the event printer already showed the error and traceback
         print(banner(), flush=True)

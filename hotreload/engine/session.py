@@ -132,7 +132,8 @@ class Session:
         await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
         if self.http is not None:
             # After the hosts drained: HTTP requests in flight got their replies.
-            await self.http.close()
+            with contextlib.suppress(Exception):
+                await self.http.close()
         if self.with_endpoint:
             await self.endpoint.close()
             self._remove_session_file()
