@@ -189,28 +189,19 @@ class Reloader(ReloadPhases):
                 await asyncio.to_thread(_remove, candidate.folder)
         outcome.total_s = time.monotonic() - started
         host.last_error = outcome.error if not outcome.ok else None
-        if outcome.ok:
-            self.events.emit(
-                "reload_done",
-                model=host.name,
-                version=outcome.version,
-                total_s=outcome.total_s,
-                policy=outcome.policy,
-                strategy=outcome.strategy,
-                phases=outcome.phases,
-                trigger=outcome.trigger,
-            )
-        else:
-            self.events.emit(
-                "reload_failed",
-                model=host.name,
-                version=outcome.version,
-                phase=outcome.phase,
-                error=outcome.error,
-                traceback=outcome.traceback,
-                phases=outcome.phases,
-                trigger=outcome.trigger,
-            )
+        self.events.emit(
+            "reload_done" if outcome.ok else "reload_failed",
+            model=host.name,
+            version=outcome.version,
+            total_s=outcome.total_s,
+            policy=outcome.policy,
+            strategy=outcome.strategy,
+            phases=outcome.phases,
+            trigger=outcome.trigger,
+            phase=outcome.phase,
+            error=outcome.error,
+            traceback=outcome.traceback,
+        )
         return outcome
 
     async def _run_strategy(self, job: ReloadJob, outcome: ReloadOutcome) -> Snapshot | None:

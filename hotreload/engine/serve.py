@@ -67,14 +67,22 @@ async def _serve(config: Config) -> int:
     )
 
 
-def serve_main(config_path: str | None, **overrides: Any) -> int:
+def run_with_config(
+    config_path: str | None, overrides: dict[str, Any], run: Callable[[Config], int]
+) -> int:
+    """Load the config (exit 2 with the error when it is wrong), then `run(config)`;
+    an environment problem (socket in use, no permission) exits 3 with its message."""
     try:
         config = with_cli_overrides(load_config(config_path), **overrides)
     except ConfigError as exc:
         print(f"hotreload: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return asyncio.run(_serve(config))
+        return run(config)
     except HotreloadError as exc:
         print(f"hotreload: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT
+
+
+def serve_main(config_path: str | None, **overrides: Any) -> int:
+    return run_with_config(config_path, overrides, lambda c: asyncio.run(_serve(c)))

@@ -11,13 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hotreload.config import Config, load_config, with_cli_overrides
+from hotreload.config import Config
 from hotreload.engine.printer import PlainPrinter
-from hotreload.engine.serve import run_until_signal
+from hotreload.engine.serve import run_until_signal, run_with_config
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
-from hotreload.errors import ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_USAGE
 
 
 class WatchSession:
@@ -70,22 +68,12 @@ async def _watch_plain(config: Config) -> int:
 
 
 def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: Any) -> int:
-    try:
-        config = with_cli_overrides(load_config(config_path), **overrides)
-    except ConfigError as exc:
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if not no_tui and sys.stdout.isatty():
-        # Imported here: `--no-tui` and piped output never load textual.
-        from hotreload.tui import run_dashboard
+    def run(config: Config) -> int:
+        if not no_tui and sys.stdout.isatty():
+            # Imported here: `--no-tui` and piped output never load textual.
+            from hotreload.tui import run_dashboard
 
-        try:
             return run_dashboard(config)
-        except HotreloadError as exc:
-            print(f"hotreload: {exc}", file=sys.stderr)
-            return EXIT_ENVIRONMENT
-    try:
         return asyncio.run(_watch_plain(config))
-    except HotreloadError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+
+    return run_with_config(config_path, overrides, run)
