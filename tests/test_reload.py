@@ -366,3 +366,17 @@ def test_two_sessions_sharing_a_lock_never_overlap(tmp_path: Path, serve) -> Non
         assert s2 >= e1, f"reload of {n2} started before {n1}'s ended"
     waited = sum(1 for c in configs for e in read_events(c) if e.get("phase") == "lock")
     assert waited >= 1, "one session must have waited for the other's lock"
+
+
+def test_config_edits_are_reported_not_reloaded(project: Path, serve) -> None:
+    session = serve(project, "--no-tui", command="watch")
+    text = project.read_text()
+    project.write_text(text.replace("warmup_iters = 3", "warmup_iter = 3"))
+    session.wait_for("config error", 30)
+    assert "did you mean 'warmup_iters'?" in session.output
+    assert "the running session keeps its settings" in session.output
+    project.write_text(text.replace("warmup_iters = 3", "warmup_iters = 5"))
+    session.wait_for("restart `hotreload watch` to apply", 30)
+    time.sleep(0.5)
+    assert count_events(project, "reload_requested") == 0
+    assert Client(config=project).infer("mlp", X).version == 1

@@ -72,6 +72,10 @@ def format_event(e: dict[str, Any]) -> str | None:
     if kind == "rewarm_done":
         passes = ", ".join(f"{p:.1f}" for p in e.get("passes_ms", [])[:5])
         return f"{m}: warm-up re-run in {e.get('warm_s', 0) * 1000:.0f} ms ({passes} ms)"
+    if kind == "config_error":
+        return f"config error: {e.get('error')}"
+    if kind == "config_changed":
+        return str(e.get("detail"))
     if kind == "http_started":
         return f"http: listening on {e.get('url')}\nhttp: metrics on {e.get('metrics_url')}"
     if kind == "gpu_unavailable":

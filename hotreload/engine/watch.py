@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hotreload.config import Config
+from hotreload.config import Config, load_config
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.serve import run_until_signal, run_with_config
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
+from hotreload.errors import ConfigError
 
 
 class WatchSession:
@@ -30,6 +32,23 @@ class WatchSession:
             self.session.events,
             rules_for=lambda m: self.session.ignore_rules(m.ignore),
         )
+        self.watcher.on_config_change = self._on_config_change
+
+    async def _on_config_change(self) -> None:
+        try:
+            new = await asyncio.to_thread(load_config, self.config.path)
+        except ConfigError as exc:
+            self.session.events.emit(
+                "config_error", error=f"{exc}; the running session keeps its settings"
+            )
+            return
+        # --http and --metrics-port came from the command line, not the file.
+        if replace(new, http=self.config.http) != self.config:
+            self.session.events.emit(
+                "config_changed",
+                detail=f"{self.config.path.name} changed: settings are read at start, restart "
+                "`hotreload watch` to apply them",
+            )
 
     async def _on_change(self, change: Change) -> None:
         root = self.config.root

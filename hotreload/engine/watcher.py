@@ -99,6 +99,8 @@ class FileWatcher:
     ) -> None:
         self.config = config
         self.on_change = on_change
+        #: Called when the config file's content changed (it reloads no model by itself).
+        self.on_config_change: Callable[[], Awaitable[Any]] | None = None
         self.events = events
         self.quiet_s = config.watch.quiet_ms / 1000 if quiet_s is None else quiet_s
         self.max_wait_s = config.watch.max_wait_ms / 1000 if max_wait_s is None else max_wait_s
@@ -125,6 +127,12 @@ class FileWatcher:
         # A folder inside another watched one is covered already.
         return sorted(f for f in folders if not any(o != f and o in f.parents for o in folders))
 
+    def _config_folder(self, roots: list[Path]) -> Path | None:
+        """The config file's folder when no recursive watch covers it (watched flat)."""
+        folder = self.config.path.parent
+        covered = any(folder == r or r in folder.parents for r in roots)
+        return None if covered else folder
+
     def models_for(self, path: Path) -> list[tuple[ModelConfig, bool]]:
         """(model, is_weights) for each model this path belongs to."""
         hits = []
@@ -141,6 +149,7 @@ class FileWatcher:
         return hits
 
     def _tracked_files(self) -> Iterable[Path]:
+        yield self.config.path
         for m in self.config.models:
             yield from m.weights
             for root in m.watch:
@@ -216,11 +225,13 @@ class FileWatcher:
         )
         return False
 
-    @staticmethod
-    def _start_observer(observer: Any, handler: _Handler, roots: list[Path]) -> Any:
+    def _start_observer(self, observer: Any, handler: _Handler, roots: list[Path]) -> Any:
         try:
             for root in roots:
                 observer.schedule(handler, str(root), recursive=True)
+            flat = self._config_folder(roots)
+            if flat is not None:
+                observer.schedule(handler, str(flat), recursive=False)
             observer.start()
         except BaseException:
             try:
@@ -262,7 +273,7 @@ class FileWatcher:
         if self.paused or self._loop is None:
             return
         path = Path(text)
-        if not self.models_for(path):
+        if path != self.config.path and not self.models_for(path):
             return
         now = time.monotonic()
         if self._first_at is None:
@@ -318,8 +329,13 @@ class FileWatcher:
         self.flushes += 1
         if not changed:
             return
+        if self.config.path in changed and self.on_config_change is not None:
+            # Settings are read at start: the config file never reloads a model itself.
+            await self.on_config_change()
         per_model: dict[str, Change] = {}
         for p in changed:
+            if p == self.config.path:
+                continue
             for model, is_weights in self.models_for(p):
                 change = per_model.setdefault(model.name, Change(model.name))
                 change.paths.append(p)

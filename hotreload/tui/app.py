@@ -181,7 +181,11 @@ class DashboardApp(App[int]):
 
     def _notify_for(self, e: Event) -> None:
         kind, m = e.get("kind"), e.get("model", "")
-        if kind == "reload_done":
+        if kind == "config_error":
+            self.notify(str(e.get("error")), title="config error", severity="error", timeout=10)
+        elif kind == "config_changed":
+            self.notify(str(e.get("detail")), severity="warning", timeout=8)
+        elif kind == "reload_done":
             self.notify(f"{m}: v{e.get('version')} live in {e.get('total_s', 0):.2f} s", timeout=3)
         elif kind == "reload_failed":
             self.notify(
