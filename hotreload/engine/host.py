@@ -78,6 +78,7 @@ class ModelHost:
         self.restarts = 0
         self.last_error: str | None = None
         self.last_worker_status: dict[str, Any] = {}
+        self._worker_status_at = 0.0
         self.started_at = time.time()
         self._restart_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
@@ -339,18 +340,23 @@ class ModelHost:
 
     # ------------------------------------------------------------------ status and stop
 
-    async def worker_status(self, timeout_s: float = 1.0) -> dict[str, Any]:
+    async def worker_status(self, timeout_s: float = 1.0, max_age_s: float = 0.0) -> dict[str, Any]:
+        """The worker's own figures (RSS, allocator); a reading younger than `max_age_s` is
+        reused, because each one costs the worker's serving thread a moment of the GIL."""
         worker = self.worker
         if worker is None or not worker.alive:
             return self.last_worker_status
+        if max_age_s and time.monotonic() - self._worker_status_at < max_age_s:
+            return self.last_worker_status
         try:
             self.last_worker_status = await worker.request("status", timeout_s)
+            self._worker_status_at = time.monotonic()
         except (TimeoutError, WorkerDied, WorkerReplyError):
             pass
         return self.last_worker_status
 
-    async def status(self) -> dict[str, Any]:
-        ws = await self.worker_status()
+    async def status(self, worker_max_age_s: float = 0.0) -> dict[str, Any]:
+        ws = await self.worker_status(max_age_s=worker_max_age_s)
         return {
             "name": self.name,
             "state": self.state,

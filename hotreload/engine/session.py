@@ -290,8 +290,10 @@ class Session:
     ) -> tuple[dict[str, Any], list[Any]]:
         return {"ok": True, "pid": os.getpid()}, []
 
-    async def status(self) -> dict[str, Any]:
-        models = await asyncio.gather(*(h.status() for h in self.hosts.values()))
+    async def status(self, worker_max_age_s: float = 0.0) -> dict[str, Any]:
+        """Every model's figures; workers are asked again only when their last answer is
+        older than `worker_max_age_s` (the dashboard samples twice a second)."""
+        models = await asyncio.gather(*(h.status(worker_max_age_s) for h in self.hosts.values()))
         return {
             "pid": os.getpid(),
             "config": str(self.config.path),

@@ -181,7 +181,8 @@ class SessionSource:
 
     async def sample(self) -> Sample:
         s = self.ws.session
-        status = await s.status()
+        # Router figures every sample; the worker's RSS and allocator every 2 s are enough.
+        status = await s.status(worker_max_age_s=2.0)
         reloads = tuple(o for r in s.reloaders.values() for o in r.history)
         tel = s.telemetry
         return Sample(
