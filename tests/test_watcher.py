@@ -22,7 +22,7 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-async def watching(config: Path, actions, *, settle: float = 0.6, poll: bool | None = None):  # type: ignore[no-untyped-def]
+async def watching(config: Path, actions, *, settle: float = 1.5, poll: bool | None = None):  # type: ignore[no-untyped-def]
     """Start a watcher, run `actions` (a sync function) in a thread, collect changes."""
     cfg = load_config(config)
     events = EventBus(None)
@@ -131,7 +131,8 @@ def test_folder_moved_out_of_the_tree_changes_its_files(tmp_path: Path) -> None:
         # inotify reports the folder alone: no event names block.py.
         pkg.rename(outside / "layers")
 
-    changes, _ = run(watching(config, move_out))
+    # watchdog holds an unpaired IN_MOVED_FROM a moment, waiting for its IN_MOVED_TO.
+    changes, _ = run(watching(config, move_out, settle=3.0))
     assert [(c.model, [p.name for p in c.paths]) for c in changes] == [("mlp", ["block.py"])]
 
 

@@ -206,6 +206,9 @@ class FileWatcher:
         if self.poll:
             interval = self.config.watch.poll_interval_ms / 1000
             self._observer = self._start_observer(PollingObserver(timeout=interval), handler, roots)
+        # Emitters set up their watches on their own threads: wait for them, or a save right
+        # after start-up would go unseen.
+        await asyncio.to_thread(_wait_for_emitters, self._observer, 5.0)
         self.events.emit(
             "watching",
             paths=[str(r) for r in roots],
@@ -341,3 +344,20 @@ class FileWatcher:
                 change.paths.append(p)
                 change.weights_only = change.weights_only and is_weights
         await asyncio.gather(*(self.on_change(c) for c in per_model.values()))
+
+
+def _wait_for_emitters(observer: Any, timeout_s: float) -> None:
+    """Until every emitter has its inotify watch (or first polling snapshot) in place."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(_emitter_ready(e) for e in list(getattr(observer, "emitters", ()))):
+            return
+        time.sleep(0.005)
+
+
+def _emitter_ready(emitter: Any) -> bool:
+    if hasattr(emitter, "_inotify"):
+        return emitter._inotify is not None
+    if hasattr(emitter, "_snapshot"):  # polling: the first real snapshot replaces the empty one
+        return type(emitter._snapshot).__name__ != "EmptyDirectorySnapshot"
+    return True

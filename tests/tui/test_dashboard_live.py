@@ -106,7 +106,8 @@ def test_panels_reload_key_reset_dialog_and_quit(project: Path) -> None:
 
         await pilot.press("p")
         await until(pilot, lambda: app.source.ws.watcher.paused, "the watcher to pause")
-        assert "PAUSED" in app.query_one("#status").view.plain
+        # A sample taken just before the pause may repaint the header once more: wait.
+        await until(pilot, lambda: "PAUSED" in app.query_one("#status").view.plain, "PAUSED")
         await pilot.press("p")
         await until(pilot, lambda: not app.source.ws.watcher.paused, "the watcher to resume")
 
