@@ -57,8 +57,9 @@ def serve() -> Iterator[ServeProcess.Factory]:
         wait_ready: bool = True,
         command: str = "serve",
         env: dict[str, str] | None = None,
+        process_cls: type[ServeProcess] = ServeProcess,
     ) -> ServeProcess:
-        proc = ServeProcess(config, *args, command=command, env=env)
+        proc = process_cls(config, *args, command=command, env=env)
         started.append(proc)
         if wait_ready:
             proc.wait_ready()

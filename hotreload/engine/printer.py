@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 
-def _mib(n: Any) -> str:
-    return f"{n / 2**20:.1f} MiB" if isinstance(n, (int, float)) else "?"
+def describe_xid_sources(
+    sources: Iterable[dict[str, Any]], clean: Callable[[str], str] = str
+) -> str:
+    """`nvml off (why); kmsg on`: each Xid source, and why an inactive one is off."""
+    return "; ".join(
+        f"{s['name']} {'on' if s['active'] else 'off'}"
+        + ("" if s["active"] else f" ({clean(str(s['reason']))})")
+        for s in sources
+    )
 
 
 def format_event(e: dict[str, Any]) -> str | None:
@@ -83,12 +91,7 @@ def format_event(e: dict[str, Any]) -> str | None:
     if kind == "gpu_reset":
         return f"{m}: GPU reset {'done' if e.get('ok') else 'not done'}: {e.get('message')}"
     if kind == "xid_sources":
-        parts = [
-            f"{s['name']} {'on' if s['active'] else 'off'}"
-            + ("" if s["active"] else f" ({s['reason']})")
-            for s in e.get("sources", [])
-        ]
-        return "Xid sources: " + "; ".join(parts)
+        return "Xid sources: " + describe_xid_sources(e.get("sources", []))
     if kind == "xid":
         return (
             f"Xid {e.get('xid')} ({e.get('name')}, {e.get('severity')}) on {e.get('pci')}: "

@@ -269,18 +269,23 @@ class ReloadPhases:
         await self._phase("sync", outcome, sync)
         await self._phase("swap", outcome, swap)
 
+    async def _offload_old(self, worker: WorkerProcess, outcome: ReloadOutcome) -> None:
+        """resource policy's release: park the old version in host memory, to restore it
+        if the new one fails."""
+
+        async def release() -> dict[str, Any]:
+            await worker.request("offload", self.host.model.deadlines.stop_s)
+            return {"detail": "old version moved to host memory (kept to restore on failure)"}
+
+        await self._phase("release", outcome, release)
+
     async def _inplace_resource(self, job: ReloadJob, outcome: ReloadOutcome) -> None:
         host = self.host
         worker = host.worker
         assert worker is not None
         version = host.version + 1
         await self._gate_drain_sync(worker, outcome)
-
-        async def release() -> dict[str, Any]:
-            await worker.request("offload", host.model.deadlines.stop_s)
-            return {"detail": "old version moved to host memory (kept to restore on failure)"}
-
-        await self._phase("release", outcome, release)
+        await self._offload_old(worker, outcome)
         try:
             info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
         except PhaseFailed:
@@ -357,12 +362,7 @@ class ReloadPhases:
         old_gone: str | None = None
         if outcome.policy == "resource":
             await self._gate_drain_sync(old, outcome)
-
-            async def offload() -> dict[str, Any]:
-                await old.request("offload", host.model.deadlines.stop_s)
-                return {"detail": "old worker's version moved to host memory"}
-
-            await self._phase("release", outcome, offload)
+            await self._offload_old(old, outcome)
             try:
                 new, info = await self._spawn_and_build(job, outcome, version, cold=False)
             except PhaseFailed:

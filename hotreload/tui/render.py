@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.text import Text
 
+from hotreload.engine.printer import describe_xid_sources
 from hotreload.engine.reloader import ReloadOutcome
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
@@ -326,9 +327,5 @@ def xid_rows(xids: Sequence[XidEvent], hms: Callable[[float], str]) -> tuple[tup
 
 
 def xid_sources_text(sources: Sequence[dict[str, Any]]) -> str:
-    parts = [
-        f"{s['name']} {'on' if s['active'] else 'off'}"
-        + ("" if s["active"] else f" ({plain_reason(str(s['reason']))})")
-        for s in sources
-    ]
-    return "sources: " + "; ".join(parts) if parts else "sources: starting"
+    text = describe_xid_sources(sources, plain_reason)
+    return "sources: " + text if text else "sources: starting"

@@ -6,8 +6,9 @@ Every process is stopped (then its whole group killed) at teardown by `ServeProc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,8 +18,8 @@ from tests.support import ServeProcess
 class HttpServeProcess(ServeProcess):
     """`hotreload serve --config PATH --http 127.0.0.1:0`: a session with its HTTP endpoint."""
 
-    def __init__(self, config: Path, *args: str) -> None:
-        super().__init__(config, "--http", "127.0.0.1:0", *args)
+    def __init__(self, config: Path, *args: str, **kwargs: Any) -> None:
+        super().__init__(config, "--http", "127.0.0.1:0", *args, **kwargs)
 
     def _printed_url(self, prefix: str) -> str:
         self.wait_for(prefix, 60)
@@ -44,18 +45,11 @@ class HttpServeProcess(ServeProcess):
 
 
 @pytest.fixture
-def http_serve() -> Iterator[Callable[..., HttpServeProcess]]:
-    """Start HTTP-serving sessions: `http_serve(config, *launcher_args, wait_ready=True)`;
-    every one is stopped (then killed) at teardown."""
-    started: list[HttpServeProcess] = []
+def http_serve(serve: Callable[..., ServeProcess]) -> Callable[..., HttpServeProcess]:
+    """`http_serve(config, *args, wait_ready=True)`: the `serve` fixture (which stops and
+    kills every process at teardown) with the HTTP endpoint on a free port."""
 
     def factory(config: Path, *args: str, wait_ready: bool = True) -> HttpServeProcess:
-        proc = HttpServeProcess(config, *args)
-        started.append(proc)
-        if wait_ready:
-            proc.wait_ready()
-        return proc
+        return serve(config, *args, wait_ready=wait_ready, process_cls=HttpServeProcess)
 
-    yield factory
-    for proc in started:
-        proc.close()
+    return factory
