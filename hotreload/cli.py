@@ -58,6 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_watch)
 
     p = sub.add_parser(
+        "dashboard",
+        help="open the dashboard on a `hotreload watch --no-tui` session running elsewhere",
+        description="Attach the live dashboard to a running `hotreload watch` session (for "
+        "example one started with --no-tui in another terminal). q detaches; the session "
+        "keeps serving.",
+    )
+    _add_config_arg(p)
+    p.add_argument(
+        "--socket", metavar="PATH", help="the session's socket (default: from the config)"
+    )
+    # Set by `hotreload watch` for the dashboard it starts: q then stops the session.
+    p.add_argument("--owner", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_dashboard)
+
+    p = sub.add_parser(
         "check",
         help="pre-commit smoke check: load, warm, infer, reload; fail on errors, leaks, Xids",
         description="Exit codes: 0 all passed; 1 a check failed; 2 the config or the command "
@@ -117,6 +132,12 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     return watch_main(
         args.config, no_tui=args.no_tui, http=args.http, metrics_port=args.metrics_port
     )
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from hotreload.dashboard_cmd import dashboard_main
+
+    return dashboard_main(args.config, args.socket, owner=args.owner)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

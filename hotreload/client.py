@@ -16,7 +16,7 @@ import itertools
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -221,6 +221,8 @@ class AsyncClient:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
+        #: Subscriptions: request id -> callback for each frame (None when the stream ends).
+        self._streams: dict[int, Callable[[Frame | None], None]] = {}
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
 
@@ -243,7 +245,12 @@ class AsyncClient:
                 frame = await read_frame(reader, self.max_frame_bytes)
                 if frame is None:
                     break
-                fut = self._pending.pop(frame.header.get("id"), None)
+                rid = frame.header.get("id")
+                stream = self._streams.get(rid)  # type: ignore[arg-type]
+                if stream is not None:
+                    stream(frame)
+                    continue
+                fut = self._pending.pop(rid, None)  # type: ignore[arg-type]
                 if fut is not None and not fut.done():
                     fut.set_result(frame)
         except Exception as exc:
@@ -253,6 +260,10 @@ class AsyncClient:
                 if not fut.done():
                     fut.set_exception(error)
             self._pending.clear()
+            streams, self._streams = self._streams, {}
+            for stream in streams.values():
+                with contextlib.suppress(Exception):
+                    stream(None)
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
@@ -270,6 +281,18 @@ class AsyncClient:
         frame = await (asyncio.wait_for(fut, timeout_s) if timeout_s else fut)
         raise_for_error(frame)
         return frame
+
+    async def subscribe(
+        self, header: dict[str, Any], on_frame: Callable[[Frame | None], None]
+    ) -> None:
+        """Start a subscription (`{"op": "events"}`): `on_frame` gets every frame the session
+        pushes for it, on this loop, and None once when the connection ends."""
+        writer = await self._ensure()
+        rid = next(self._ids)
+        header["id"] = rid
+        self._streams[rid] = on_frame
+        writer.writelines(pack_frame(header))
+        await writer.drain()
 
     async def infer(
         self, model: str | None, inputs: Any, *, timeout_s: float | None = None

@@ -137,13 +137,19 @@ class ServeProcess:
                 self.stop(timeout=20)
             except subprocess.TimeoutExpired:
                 pass
-        for pid in [self.proc.pid, *kids]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        kill_groups(self.proc, kids)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def kill_groups(proc: subprocess.Popen, kids: list[int]) -> None:  # type: ignore[type-arg]
+    """SIGKILL the process groups of `proc` and of `kids` (workers lead groups of their own),
+    then reap `proc`: the last resort of every test that starts a session."""
+    for pid in [proc.pid, *kids]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)

@@ -28,6 +28,14 @@ FastHandler = Callable[[dict[str, Any], memoryview | bytes, Reply], None]
 Handler = Callable[
     [dict[str, Any], memoryview | bytes], Awaitable[tuple[dict[str, Any], list[Any]]]
 ]
+#: Pushes one frame header to a subscriber; False once the subscriber is gone.
+Push = Callable[[dict[str, Any]], bool]
+#: A subscription (the dashboard's event stream): handler(header, push) starts pushing
+#: frames that carry the request's id and returns the function that stops it, called when
+#: the connection closes.
+StreamHandler = Callable[[dict[str, Any], Push], Callable[[], None]]
+#: A subscriber whose unsent output passes this is cut off: it stopped reading.
+MAX_STREAM_BACKLOG_BYTES = 8 * 1024 * 1024
 
 
 def error_header(rid: Any, exc: BaseException) -> dict[str, Any]:
@@ -52,10 +60,12 @@ class Endpoint:
         handlers: dict[str, Handler],
         max_frame_bytes: int,
         fast_handlers: dict[str, FastHandler] | None = None,
+        stream_handlers: dict[str, StreamHandler] | None = None,
     ) -> None:
         self.path = path
         self.handlers = handlers
         self.fast_handlers = fast_handlers or {}
+        self.stream_handlers = stream_handlers or {}
         self.max_frame_bytes = max_frame_bytes
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
@@ -101,6 +111,7 @@ class Endpoint:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         self._connections.add(writer)
+        stops: list[Callable[[], None]] = []
         try:
             while True:
                 try:
@@ -116,14 +127,42 @@ class Endpoint:
                 if fast is not None:
                     self._handle_fast(fast, frame, writer)
                     continue
+                stream = self.stream_handlers.get(frame.header.get("op"))  # type: ignore[arg-type]
+                if stream is not None:
+                    stops.append(self._start_stream(stream, frame, writer))
+                    continue
                 task = asyncio.create_task(self._handle(frame, writer))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            for stop in stops:
+                with contextlib.suppress(Exception):
+                    stop()
             self._connections.discard(writer)
             writer.close()
+
+    def _start_stream(
+        self, stream: StreamHandler, frame: Frame, writer: asyncio.StreamWriter
+    ) -> Callable[[], None]:
+        rid = frame.header.get("id")
+
+        def push(header: dict[str, Any]) -> bool:
+            if writer.is_closing():
+                return False
+            if writer.transport.get_write_buffer_size() > MAX_STREAM_BACKLOG_BYTES:
+                writer.close()  # a subscriber that stopped reading must not grow our memory
+                return False
+            header["id"] = rid
+            writer.writelines(pack_frame(header))
+            return True
+
+        try:
+            return stream(frame.header, push)
+        except Exception as exc:
+            writer.writelines(pack_frame(error_header(rid, exc)))
+            return lambda: None
 
     def _handle_fast(self, fast: FastHandler, frame: Frame, writer: asyncio.StreamWriter) -> None:
         rid = frame.header.get("id")

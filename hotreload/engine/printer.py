@@ -75,6 +75,10 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"{m}: no reload: {e.get('reason')}"
     if kind == "watch_error":
         return f"watcher: {e.get('error')}"
+    if kind == "watch_paused":
+        return "watcher paused: edits are not reloaded until it resumes"
+    if kind == "watch_resumed":
+        return "watcher resumed: edits made while paused apply on the next save"
     if kind == "watching":
         return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
     if kind == "rewarm_done":

@@ -68,6 +68,7 @@ class Session:
         )
         self.started_at = time.time()
         self.with_endpoint = endpoint
+        self._opened = False
         #: The KServe v2 HTTP endpoint (`hotreload.http.HttpEndpoint`) when enabled.
         self.http: Any = None
         #: Extra handlers (reload, ...) other layers register before start().
@@ -83,8 +84,12 @@ class Session:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
-        """Open the socket, then bring every model up (in parallel). Raises on a failed model."""
+    async def open(self) -> None:
+        """Open the socket (and HTTP), start telemetry: clients can attach before any model
+        is up. Raises HotreloadError when another session serves on the socket."""
+        if self._opened:
+            return
+        self._opened = True
         if self.with_endpoint:
             await self.endpoint.start()
             self._write_session_file()
@@ -104,6 +109,10 @@ class Session:
             pid=os.getpid(),
             models=list(self.hosts),
         )
+
+    async def start(self) -> None:
+        """Open the socket, then bring every model up (in parallel). Raises on a failed model."""
+        await self.open()
         results = await asyncio.gather(
             *(r.start_host() for r in self.reloaders.values()), return_exceptions=True
         )

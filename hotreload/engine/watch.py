@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, load_config
+from hotreload.engine import dashboard_ops
+from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.serve import run_until_signal, run_with_config
 from hotreload.engine.session import Session
@@ -33,6 +35,12 @@ class WatchSession:
             rules_for=lambda m: self.session.ignore_rules(m.ignore),
         )
         self.watcher.on_config_change = self._on_config_change
+        #: "starting", "started" or "failed" (a model could not come up; the watcher runs
+        #: anyway so that fixing the file brings it up).
+        self.start_state = "starting"
+        #: {"phase", "error"} of the model that could not come up.
+        self.start_error: dict[str, str] | None = None
+        dashboard_ops.register(self)
 
     async def _on_config_change(self) -> None:
         try:
@@ -60,6 +68,43 @@ class WatchSession:
     async def start(self) -> None:
         await self.session.start()
         await self.watcher.start()
+        self.start_state = "started"
+
+    async def start_keep_going(self) -> None:
+        """Start; a model that cannot come up is recorded (`start_state` "failed", and its
+        `start_failed` event) and the watcher starts anyway: the user fixes the file, saves,
+        and the reload brings it up."""
+        try:
+            await self.session.start()
+        except BringUpError as exc:
+            self.start_error = {"phase": exc.phase, "error": str(exc)}
+        await self.watcher.start()
+        self.start_state = "started" if self.start_error is None else "failed"
+
+    def _pids_on(self, index: int) -> list[int]:
+        return [
+            h.worker.pid
+            for h in self.session.hosts.values()
+            if h.worker is not None
+            and h.worker.pid
+            and (h.worker.device or "").startswith(f"cuda:{index}")
+        ]
+
+    def check_reset(self, index: int) -> Any:
+        """Whether GPU `index` may be reset now (`ResetDecision`). Blocking: a thread."""
+        from hotreload.gpu.reset import check_reset
+
+        xids = list(self.session.telemetry.xids)
+        allow = self.config.gpu.reset != "never"
+        return check_reset(index, self._pids_on(index), xids, allow=allow)
+
+    def reset(self, index: int) -> Any:
+        """Reset GPU `index` where allowed (`ResetResult`). Blocking: a thread."""
+        from hotreload.gpu.reset import reset_gpu
+
+        xids = list(self.session.telemetry.xids)
+        allow = self.config.gpu.reset != "never"
+        return reset_gpu(index, self._pids_on(index), xids, allow=allow)
 
     async def stop(self) -> None:
         await self.watcher.stop()
@@ -88,11 +133,10 @@ async def _watch_plain(config: Config) -> int:
 
 def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: Any) -> int:
     def run(config: Config) -> int:
-        if not no_tui and sys.stdout.isatty():
-            # Imported here: `--no-tui` and piped output never load textual.
-            from hotreload.tui import run_dashboard
+        if not no_tui and sys.stdout.isatty() and sys.stdin.isatty():
+            from hotreload.engine.watch_dashboard import watch_with_dashboard
 
-            return run_dashboard(config)
+            return asyncio.run(watch_with_dashboard(WatchSession(config)))
         return asyncio.run(_watch_plain(config))
 
     return run_with_config(config_path, overrides, run)

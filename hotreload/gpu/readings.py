@@ -6,6 +6,7 @@ Re-exported by `hotreload.gpu.nvml`; kept apart so the gateway module stays read
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,15 @@ class GpuSnapshot:
     devices: tuple[GpuDevice, ...]
     #: Machine-readable twin of `reason` ("library_not_found", "driver_not_loaded", ...).
     reason_kind: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuSnapshot:
+        """The inverse of `dataclasses.asdict` after a JSON round trip (lists back to tuples)."""
+        devices = tuple(
+            GpuDevice(**{**dev, "processes": tuple(GpuProcess(**p) for p in dev["processes"])})
+            for dev in d["devices"]
+        )
+        return cls(**{**d, "devices": devices})
 
 
 def normalize_bus_id(text: str | None) -> tuple[int, int, int] | None:

@@ -100,6 +100,12 @@ class XidEvent:
     def needs_power_cycle(self) -> bool:
         return self.xid == 79
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> XidEvent:
+        """The inverse of `dataclasses.asdict` after a JSON round trip (lists back to tuples)."""
+        bus = tuple(d["bus"]) if d.get("bus") is not None else None
+        return cls(**{**d, "bus": bus, "also_from": tuple(d.get("also_from") or ())})
+
 
 def new_event(code: int, *, action: str | None = None, **fields: Any) -> XidEvent:
     """An XidEvent for `code` with its catalog name, severity, action and mnemonic filled in;

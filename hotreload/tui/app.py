@@ -29,10 +29,13 @@ from hotreload.tui.loadgen import LoadGenerator
 from hotreload.tui.messages import ActionDone, EngineEvent, Sampled, SessionStarted
 from hotreload.tui.source import DashboardSource, reset_target
 from hotreload.tui.state import DashboardState
+from hotreload.tui.state import activity as state_activity
 from hotreload.tui.widgets import Panel, RowsTable, StatusLine
 
 #: Default time between samples.
 REFRESH_S = 0.5
+#: Time between samples while nothing moves (no request, no reload, no state change).
+IDLE_REFRESH_S = 1.0
 
 
 class DashboardApp(App[int]):
@@ -59,9 +62,13 @@ class DashboardApp(App[int]):
         *,
         refresh_s: float = REFRESH_S,
         state: DashboardState | None = None,
+        owner: bool = True,
     ) -> None:
         super().__init__()
         self.source = source
+        #: True under `hotreload watch`: quitting stops the session. False for an attached
+        #: `hotreload dashboard`: quitting only detaches.
+        self.owner = owner
         self.refresh_s = refresh_s
         #: What earlier samples left (histories, baselines); a replay can hand one in.
         self.state = state or DashboardState()
@@ -137,16 +144,31 @@ class DashboardApp(App[int]):
     @work(group="sampler", exclusive=True, exit_on_error=False)
     async def _sample_loop(self) -> None:
         # One loop, one sample at a time: a slow status() delays the next turn, never overlaps.
+        loop = asyncio.get_running_loop()
+        last_activity: tuple[Any, ...] | None = None
+        last_at = loop.time()
         while not self._quitting:
+            wait = self.refresh_s
             try:
                 sample = await self.source.sample()
             except Exception as exc:
                 self.log.warning(f"sample failed: {exc!r}")
             else:
-                self.post_message(Sampled(sample))
+                now = loop.time()
+                # Histories keep one point per refresh_s of wall time, however far apart
+                # the samples were.
+                points = max(1, min(8, round((now - last_at) / self.refresh_s)))
+                last_at = now
+                self.post_message(Sampled(sample, points))
+                activity = state_activity(sample)
+                if activity == last_activity and self.load is None:
+                    # Nothing moved: sample less often. An engine event (a reload, a state
+                    # change, an Xid) still wakes the loop at once.
+                    wait = max(self.refresh_s, IDLE_REFRESH_S)
+                last_activity = activity
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+                await asyncio.wait_for(self._wake.wait(), wait)
 
     def on_session_started(self, message: SessionStarted) -> None:
         if message.fatal:
@@ -162,7 +184,7 @@ class DashboardApp(App[int]):
     # ------------------------------------------------------------------ data in
 
     def on_sampled(self, message: Sampled) -> None:
-        self.state.update(message.sample)
+        self.state.update(message.sample, points=message.points)
         if self.selected is None or self.state.model(self.selected) is None:
             names = self.state.names()
             self.selected = names[0] if names else None
@@ -181,6 +203,16 @@ class DashboardApp(App[int]):
 
     def _notify_for(self, e: Event) -> None:
         kind, m = e.get("kind"), e.get("model", "")
+        if e.get("replayed"):
+            return  # history from before this dashboard attached: shown in panels, not popped
+        if kind in ("session_stopped", "session_lost") and not self._quitting:
+            # Stopped from elsewhere (SIGTERM, another terminal): nothing left to show.
+            self.exit_message = (
+                "the session stopped" if kind == "session_stopped" else "lost the session"
+            )
+            self._quitting = True
+            self.exit(return_code=EXIT_OK if kind == "session_stopped" else EXIT_ENVIRONMENT)
+            return
         if kind == "config_error":
             self.notify(str(e.get("error")), title="config error", severity="error", timeout=10)
         elif kind == "config_changed":
@@ -224,19 +256,19 @@ class DashboardApp(App[int]):
         xids = self.query_one("#xids", RowsTable)
         if sample is not None:
             xids.view = render.xid_rows(sample.xids, hms)
-            xids.border_subtitle = render.xid_sources_text(sample.xid_sources)
+            _set_border(xids, subtitle=render.xid_sources_text(sample.xid_sources))
         self._render_status()
 
     def _render_panels(self) -> None:
         m = self.state.model(self.selected)
         name = self.selected or ""
         queue = self.query_one("#queue", Panel)
-        queue.border_title = f"Queue {name}"
+        _set_border(queue, title=f"Queue {name}")
         queue.view = render.queue_text(
             m, tuple(self.state.queue.get(name, ())), queue.content_size.width
         )
         latency = self.query_one("#latency", Panel)
-        latency.border_title = f"Latency {name} (ms)"
+        _set_border(latency, title=f"Latency {name} (ms)")
         latency.view = render.latency_text(
             m, tuple(self.state.p99.get(name, ())), latency.content_size.width
         )
@@ -372,7 +404,7 @@ class DashboardApp(App[int]):
         if self._quitting:
             return
         self._quitting = True
-        self.phase = "stopping: draining requests and stopping workers"
+        self.phase = "stopping: draining requests and stopping workers" if self.owner else ""
         self._render_status()
         self.workers.cancel_group(self, "load")
         self._wake.set()
@@ -381,13 +413,21 @@ class DashboardApp(App[int]):
     @work(group="quit", exit_on_error=False)
     async def _quit(self) -> None:
         if self._start_worker is not None:
-            # Stopping mid-start would orphan a worker being spawned: let start-up finish.
-            with contextlib.suppress(Exception):
-                await self._start_worker.wait()
+            # Waiting to attach is all it does: the session's own process owns the workers.
+            self._start_worker.cancel()
         if self._unsubscribe is not None:
             self._unsubscribe()
         await self.source.stop()
         self.exit(return_code=EXIT_OK)
+
+
+def _set_border(widget: Any, *, title: str | None = None, subtitle: str | None = None) -> None:
+    # Setting a border text repaints the widget even when it is unchanged; twice a second
+    # for every panel that is most of an idle dashboard's drawing.
+    if title is not None and widget.border_title != title:
+        widget.border_title = title
+    if subtitle is not None and widget.border_subtitle != subtitle:
+        widget.border_subtitle = subtitle
 
 
 def build_app(
@@ -395,6 +435,7 @@ def build_app(
     *,
     refresh_s: float = REFRESH_S,
     state: DashboardState | None = None,
+    owner: bool = True,
 ) -> DashboardApp:
     """The one factory the CLI, the tests and the screenshot use."""
-    return DashboardApp(source, refresh_s=refresh_s, state=state)
+    return DashboardApp(source, refresh_s=refresh_s, state=state, owner=owner)

@@ -111,7 +111,9 @@ HELP = """\
   p         pause or resume the file watcher
   x         reset the GPU (explains what a reset does; only where allowed)
   l         start or stop the built-in load generator (a few hundred req/s)
-  ?         this help          q   quit: drain, stop every worker, exit
+  ?         this help
+  q         quit: under `hotreload watch`, drain and stop every worker;
+            a `hotreload dashboard` attached from elsewhere only detaches
 """
 
 

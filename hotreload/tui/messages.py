@@ -19,6 +19,9 @@ class Sampled(Message):
     """One turn of the sampling loop. A newer one supersedes a queued older one."""
 
     sample: Sample
+    #: History points this sample stands for (a sample taken after a longer, idle wait
+    #: covers several refresh periods).
+    points: int = 1
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, Sampled)

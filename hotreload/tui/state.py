@@ -69,16 +69,22 @@ class DashboardState:
     def names(self) -> list[str]:
         return [m["name"] for m in self.sample.models] if self.sample else []
 
-    def update(self, sample: Sample) -> None:
+    def _zeros(self, zero: Any) -> deque[Any]:
+        return deque([zero] * self.history_points, maxlen=self.history_points)
+
+    def update(self, sample: Sample, points: int = 1) -> None:
+        """Take a sample; it adds `points` to each history (one per refresh period)."""
         self.sample = sample
         for m in sample.models:
             name = m["name"]
-            q = self.queue.setdefault(name, deque(maxlen=self.history_points))
+            # Histories start full of zeros: a sparkline keeps its width from the first
+            # sample, and an idle one stays the same text (no repaint while nothing happens).
+            q = self.queue.setdefault(name, self._zeros(0))
             # The peak since the last sample: a burst between two samples still shows.
-            q.append(int(m.get("queue_peak", m.get("queue_depth")) or 0))
+            q.extend([int(m.get("queue_peak", m.get("queue_depth")) or 0)] * points)
             lat = m.get("latency") or {}
-            p = self.p99.setdefault(name, deque(maxlen=self.history_points))
-            p.append(float(lat.get("p99_ms") or 0.0))
+            p = self.p99.setdefault(name, self._zeros(0.0))
+            p.extend([float(lat.get("p99_ms") or 0.0)] * points)
             fig = memory_figure(m)
             serving = m.get("state") == "serving" and int(m.get("version") or 0) >= 1
             # A respawned worker or a CUDA figure appearing late starts a fresh baseline.
@@ -118,3 +124,20 @@ class DashboardState:
             self.start_errors[model] = e
         elif kind == "ready":
             self.start_errors.pop(model, None)
+
+
+def activity(sample: Sample) -> tuple[Any, ...]:
+    """What moves when the session is busy: requests, queues, states, reloads, Xids. Two
+    samples with the same activity mean an idle session (the sampler slows down)."""
+    models = tuple(
+        (
+            m.get("state"),
+            m.get("version"),
+            m.get("queue_depth"),
+            m.get("queue_peak"),
+            m.get("inflight"),
+            tuple(sorted((m.get("requests") or {}).items())),
+        )
+        for m in sample.models
+    )
+    return (models, len(sample.reloads), len(sample.xids), sample.paused, tuple(sample.phases))

@@ -1,21 +1,37 @@
-"""The dashboard on the real example (CPU): real worker processes, real files, real keys."""
+"""The dashboard on the real example (CPU): real worker processes, real files, real keys.
+
+The app attaches over the socket to a real `hotreload watch --no-tui` session (the same
+path `hotreload watch` in a terminal takes, minus the terminal); the last tests run
+`hotreload watch` itself under a pseudo-terminal and press keys into it.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import fcntl
+import os
+import pty
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Footer, Static
 
-from hotreload.config import load_config
+from hotreload.client import Client, resolve_socket
+from hotreload.exitcodes import EXIT_ENVIRONMENT
 from hotreload.tui.app import DashboardApp, build_app
 from hotreload.tui.dialogs import ResetDialog
-from hotreload.tui.source import SessionSource
+from hotreload.tui.remote import RemoteSource
 from hotreload.tui.widgets import Panel, RowsTable
-from tests.support import ServeProcess
+from tests.support import ServeProcess, kill_groups, wait_until
 
 PANELS = ("#status", "#models", "#queue", "#latency", "#memory", "#reloads", "#detail", "#xids")
 
@@ -41,34 +57,34 @@ def row_text(table: RowsTable, row: int) -> str:
 
 def run_dashboard_test(
     config: Path, body: Callable[[DashboardApp, Pilot], Awaitable[None]]
-) -> tuple[DashboardApp, list[int]]:
-    """Run `body` against a live dashboard, then quit with `q`; returns the app and the
-    worker pids it had, to check that none outlives it."""
-    source = SessionSource(load_config(str(config)))
-    app = build_app(source, refresh_s=0.1)
-    pids: list[int] = []
+) -> DashboardApp:
+    """Attach a dashboard to the session serving `config`, run `body`, then press `q`."""
+    source = RemoteSource(resolve_socket(config, None))
+    app = build_app(source, refresh_s=0.1, owner=False)
 
     async def main() -> None:
         try:
             async with app.run_test(size=(120, 36)) as pilot:
                 await until(pilot, lambda: model(app).get("state") == "serving", "v1 serving")
                 await body(app, pilot)
-                pids.extend(source.session.worker_pids())
                 await pilot.press("q")
                 await until(pilot, lambda: app.return_code is not None, "the app to exit")
         finally:
-            await source.stop()  # the same one stop the app ran: a no-op, or the cleanup
+            await source.stop()
 
     asyncio.run(asyncio.wait_for(main(), 100))
-    return app, pids
+    return app
 
 
-def assert_gone(pids: list[int]) -> None:
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert pids and alive == []
+@pytest.fixture
+def watching(project: Path, serve: ServeProcess.Factory) -> ServeProcess:
+    """`hotreload watch --no-tui` on the example, serving."""
+    proc = serve(project, "--no-tui", command="watch")
+    proc.wait_for("watching")
+    return proc
 
 
-def test_panels_reload_key_reset_dialog_and_quit(project: Path) -> None:
+def test_panels_reload_key_reset_dialog_and_detach(watching: ServeProcess) -> None:
     async def body(app: DashboardApp, pilot: Pilot) -> None:
         for panel in PANELS:
             assert app.query_one(panel).region.height > 0, f"{panel} is not on screen"
@@ -105,22 +121,24 @@ def test_panels_reload_key_reset_dialog_and_quit(project: Path) -> None:
         assert "p99" in app.query_one("#latency", Panel).view.plain
 
         await pilot.press("p")
-        await until(pilot, lambda: app.source.ws.watcher.paused, "the watcher to pause")
+        await until(pilot, lambda: app.state.sample.paused, "the session to report a pause")
         # A sample taken just before the pause may repaint the header once more: wait.
         await until(pilot, lambda: "PAUSED" in app.query_one("#status").view.plain, "PAUSED")
         await pilot.press("p")
-        await until(pilot, lambda: not app.source.ws.watcher.paused, "the watcher to resume")
+        await until(pilot, lambda: not app.state.sample.paused, "the watcher to resume")
 
-    app, pids = run_dashboard_test(project, body)
+    app = run_dashboard_test(watching.config, body)
     assert app.return_code == 0
-    assert_gone(pids)
+    # Attached from elsewhere, q only detaches: the session still serves.
+    with Client(watching.config, timeout_s=10) as client:
+        assert client.status()["models"][0]["state"] == "serving"
 
 
-def test_broken_save_shows_the_error_while_the_old_version_serves(project: Path) -> None:
+def test_broken_save_shows_the_error_while_the_old_version_serves(
+    watching: ServeProcess,
+) -> None:
     async def body(app: DashboardApp, pilot: Pilot) -> None:
-        # Let the watcher take its baseline before the edit.
-        await until(pilot, lambda: app.source.ws.watcher.watching, "the watcher")
-        path = project.parent / "model.py"
+        path = watching.config.parent / "model.py"
         path.write_text(path.read_text() + "\ndef broken(:\n")
         reloads = app.query_one("#reloads", RowsTable)
         await until(pilot, lambda: "FAILED load" in row_text(reloads, 0), "a failed reload")
@@ -131,9 +149,8 @@ def test_broken_save_shows_the_error_while_the_old_version_serves(project: Path)
         assert model(app)["state"] == "serving" and model(app)["version"] == 1
         assert "FAILED in load" in row_text(app.query_one("#models", RowsTable), 0)
 
-    app, pids = run_dashboard_test(project, body)
+    app = run_dashboard_test(watching.config, body)
     assert app.return_code == 0
-    assert_gone(pids)
 
 
 def test_plain_mode_when_stdout_is_not_a_terminal(project: Path) -> None:
@@ -144,3 +161,165 @@ def test_plain_mode_when_stdout_is_not_a_terminal(project: Path) -> None:
         assert proc.stop() == 0
     finally:
         proc.close()
+
+
+def test_attaching_to_a_serve_session_says_what_to_run(
+    project: Path, serve: ServeProcess.Factory
+) -> None:
+    serve(project)
+    source = RemoteSource(resolve_socket(project, None))
+    app = build_app(source, owner=False)
+
+    async def main() -> None:
+        try:
+            async with app.run_test(size=(120, 36)) as pilot:
+                await until(pilot, lambda: app.return_code is not None, "the app to give up")
+        finally:
+            await source.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert app.return_code == EXIT_ENVIRONMENT
+    assert "hotreload serve" in (app.exit_message or "")
+    assert "hotreload watch" in (app.exit_message or "")
+
+
+class PtyWatch:
+    """`hotreload watch` with a pseudo-terminal (120x36) as its terminal, as a user runs it."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 36, 120, 0, 0))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hotreload", "watch", "--config", str(config)],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=str(config.parent),
+            env=dict(os.environ, TERM="xterm-256color"),
+            start_new_session=True,
+        )
+        os.close(slave)
+        self.master = master
+        self.screen = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        # Read everything, as a terminal would: a full pty would stall the app.
+        try:
+            while chunk := os.read(self.master, 65536):
+                self.screen += chunk
+        except OSError:
+            pass
+
+    @property
+    def text(self) -> str:
+        return self.screen.decode("utf-8", "replace")
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def serving(self) -> bool:
+        try:
+            with Client(self.config, timeout_s=5) as client:
+                return client.status()["models"][0]["state"] == "serving"
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        kids = self.tree()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_groups(self.proc, [k.pid for k in kids])
+        os.close(self.master)
+        self._reader.join(5)
+
+
+@pytest.fixture
+def pty_watch(project: Path) -> Iterator[PtyWatch]:
+    w = PtyWatch(project)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def _dashboard_of(w: PtyWatch) -> psutil.Process:
+    for p in w.tree():
+        if "dashboard" in p.cmdline():
+            return p
+    raise AssertionError("no dashboard process under hotreload watch")
+
+
+def assert_gone(procs: list[psutil.Process]) -> None:
+    alive = [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert procs and alive == []
+
+
+def test_watch_in_a_terminal_draws_in_its_own_lower_priority_process_and_q_stops_all(
+    pty_watch: PtyWatch,
+) -> None:
+    w = pty_watch
+    wait_until(w.serving, 90, what="the session to serve")
+    wait_until(lambda: "Reloads" in w.text and "Xid events" in w.text, 30, what="the screen")
+    dash = _dashboard_of(w)
+    assert dash.nice() == 10 and psutil.Process(w.proc.pid).nice() == 0
+    procs = w.tree()
+    assert len(procs) >= 2  # the dashboard and the model's worker
+
+    os.write(w.master, b"r")  # a key in the dashboard reloads in the session
+    wait_until(
+        lambda: Client(w.config, timeout_s=5).status()["models"][0]["version"] == 2,
+        30,
+        what="r to reload to v2",
+    )
+    os.write(w.master, b"q")
+    assert w.proc.wait(60) == 0
+    assert_gone(procs)
+    wait_until(lambda: "stopped" in w.text, 10, what="the closing lines")
+    assert "stopping: draining requests" in w.text
+
+
+def test_sigterm_to_watch_closes_the_dashboard_and_stops_cleanly(pty_watch: PtyWatch) -> None:
+    w = pty_watch
+    wait_until(w.serving, 90, what="the session to serve")
+    _dashboard_of(w)
+    procs = w.tree()
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(60) == 0
+    assert_gone(procs)
+
+
+def test_a_closed_terminal_still_stops_the_session_cleanly(pty_watch: PtyWatch) -> None:
+    w = pty_watch
+    wait_until(w.serving, 90, what="the session to serve")
+    _dashboard_of(w)
+    procs = w.tree()
+    socket_path = resolve_socket(w.config, None)
+    assert socket_path.exists()
+    os.close(w.master)  # the terminal window closed: every write to it now fails
+    w.master = os.open(os.devnull, os.O_RDONLY)  # for close() to close
+    w.proc.send_signal(signal.SIGHUP)
+    w.proc.wait(60)
+    assert_gone(procs)
+    assert not socket_path.exists()
+
+
+def test_dashboard_command_needs_a_terminal(project: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "hotreload", "dashboard", "--config", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 2
+    assert "needs a terminal" in out.stderr and "hotreload status" in out.stderr

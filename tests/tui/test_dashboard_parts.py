@@ -44,3 +44,33 @@ def test_no_gpu_reset_target_says_why() -> None:
     target = reset_target({"name": "mlp", "device": "cpu"}, snap)
     assert target.index is None and "No NVIDIA GPU" in str(target.reason)
     assert reset_target({"name": "mlp", "device": "cuda:1"}, None).index is None
+
+
+def test_idle_samples_have_equal_activity_and_busy_ones_do_not() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.state import activity
+
+    samples, _ = cpu_scenario(steps=3)
+    idle = samples[-1]
+    assert activity(idle) == activity(replace(idle, taken_at=idle.taken_at + 1))
+    (m,) = idle.models
+    busier = {**m, "requests": {**m["requests"], "ok": m["requests"]["ok"] + 1}}
+    assert activity(replace(idle, models=(busier,))) != activity(idle)
+    assert activity(replace(idle, paused=not idle.paused)) != activity(idle)
+    assert activity(replace(idle, phases={"mlp": "load"})) != activity(idle)
+
+
+def test_a_sample_after_a_long_wait_fills_its_share_of_the_history() -> None:
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    state = DashboardState(history_points=10)
+    state.update(samples[-1])
+    name = samples[-1].models[0]["name"]
+    assert len(state.queue[name]) == 10  # full from the start: the sparkline keeps its width
+    depth = int(samples[-1].models[0]["queue_depth"])
+    before = list(state.p99[name])
+    state.update(samples[-1], points=3)
+    assert list(state.queue[name])[-4:] == [depth] * 4
+    assert list(state.p99[name])[:-3] == before[3:]
