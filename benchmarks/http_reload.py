@@ -350,7 +350,16 @@ def main() -> int:
     )
     for clients in args.clients:
         report(
-            run_once(clients, args.seconds, args.every, args.trigger, args.server_cmd), args.trigger
+            run_once(
+                clients,
+                args.seconds,
+                args.every,
+                args.trigger,
+                args.server_cmd,
+                args.strategy,
+                args.transport,
+            ),
+            args.trigger,
         )
     return 0
 
