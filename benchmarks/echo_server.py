@@ -1,5 +1,6 @@
-"""A bare Unix-socket echo server written the way hotreload's endpoint is: asyncio streams,
-the same length-prefixed frames, one task per request. The floor for the routed path.
+"""A bare Unix-socket echo server written the way hotreload's endpoint is: the same
+`FrameProtocol` (frames parsed and answered in the loop turn their bytes arrive in), the
+same length-prefixed frames and JSON headers. The floor for one hop of the routed path.
 
     python benchmarks/echo_server.py SOCKET_PATH
 """
@@ -13,26 +14,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hotreload.protocol.framing import pack_frame, read_frame
+from hotreload.protocol.frame_protocol import FrameProtocol
+from hotreload.protocol.framing import Frame, pack_frame
+
+
+def _connection() -> FrameProtocol:
+    conn: FrameProtocol
+
+    def on_frame(frame: Frame) -> None:
+        h = frame.header
+        header = {"id": h.get("id"), "ok": True, "version": 1, "form": "single"}
+        header["tensors"] = [dict(t, name="output") for t in h.get("tensors", [])]
+        conn.write(pack_frame(header, [frame.payload]))
+
+    conn = FrameProtocol(1 << 26, on_frame)
+    return conn
 
 
 async def main(path: str) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def reply(frame) -> None:  # type: ignore[no-untyped-def]
-            h = frame.header
-            header = {"id": h.get("id"), "ok": True, "version": 1, "form": "single"}
-            header["tensors"] = [dict(t, name="output") for t in h.get("tensors", [])]
-            writer.writelines(pack_frame(header, [frame.payload]))
-            await writer.drain()
-
-        try:
-            while (frame := await read_frame(reader, 1 << 26)) is not None:
-                asyncio.create_task(reply(frame))  # noqa: RUF006 - short-lived
-        except ConnectionError:
-            pass
-        writer.close()
-
-    server = await asyncio.start_unix_server(handle, path=path)
+    server = await asyncio.get_running_loop().create_unix_server(_connection, path=path)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     print("echo ready", flush=True)

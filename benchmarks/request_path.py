@@ -4,7 +4,8 @@ and a bare Unix-socket echo written the same way, for 1 and 32 concurrent client
     .venv/bin/python benchmarks/request_path.py [--seconds 4]
 
 Targets (issue 2): routed p50 within 2x of the bare echo; >= 5,000 req/s at 32 clients on
-2 cores with a trivial model.
+2 cores with a trivial model. A bare two-hop relay (`relay_server.py`: the manager's and the
+worker's I/O with nothing else) shows the floor that two process boundaries set.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def main() -> int:
         [py, "-m", "hotreload", "serve", "--config", str(proj / "hotreload.toml")], "serving ", proj
     )
     echo = Server([py, str(REPO / "benchmarks" / "echo_server.py"), echo_sock], "echo ready", proj)
+    relay_sock = str(tmp / "relay.sock")
+    relay = Server(
+        [py, str(REPO / "benchmarks" / "relay_server.py"), relay_sock], "relay ready", proj
+    )
     try:
         from hotreload.client import Client
 
@@ -87,6 +92,16 @@ def main() -> int:
             rows.append(
                 drive(
                     echo_sock, "echo", clients, args.seconds, procs=procs, label="bare socket echo"
+                )
+            )
+            rows.append(
+                drive(
+                    relay_sock,
+                    "echo",
+                    clients,
+                    args.seconds,
+                    procs=procs,
+                    label="bare two-hop relay",
                 )
             )
             rows.append(
@@ -112,6 +127,7 @@ def main() -> int:
     finally:
         server.stop()
         echo.stop()
+        relay.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"request path, 1x64 float32, {args.seconds:g} s per run, {os.cpu_count()} cores")
@@ -128,6 +144,11 @@ def main() -> int:
     print()
     print(f"routed/echo p50, 1 client (target <= 2.0):       {triv1.p50 / echo1.p50:.2f}x")
     print(f"routed/echo p50, 32 clients:                     {triv32.p50 / echo32.p50:.2f}x")
+    relay1, relay32 = by[("bare two-hop relay", 1)], by[("bare two-hop relay", 32)]
+    print(f"two-hop relay/echo p50, 1 client (the floor):    {relay1.p50 / echo1.p50:.2f}x")
+    print(f"two-hop relay/echo p50, 32 clients:              {relay32.p50 / echo32.p50:.2f}x")
+    print(f"routed/two-hop relay p50, 1 client:              {triv1.p50 / relay1.p50:.2f}x")
+    print(f"routed/two-hop relay p50, 32 clients:            {triv32.p50 / relay32.p50:.2f}x")
     print(f"routed throughput, 32 clients (target >= 5000):  {triv32.rps:.0f} req/s")
     print(f"routed/echo throughput, 32 clients:              {triv32.rps / echo32.rps:.2f}x")
     overhead = mlp1.p50 - percentile(direct_mlp.latencies_ms, 50)

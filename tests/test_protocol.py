@@ -108,3 +108,70 @@ def test_async_reader_enforces_max_frame_and_clean_eof() -> None:
         assert await read_frame(reader, 1000) is None
 
     asyncio.run(run())
+
+
+def _stream_of(*frames: tuple[dict, list]) -> bytes:
+    return b"".join(bytes(p) for h, blobs in frames for p in pack_frame(h, blobs))
+
+
+def test_frame_parser_reassembles_frames_split_at_every_byte() -> None:
+    from hotreload.protocol.frame_protocol import FrameParser
+
+    metas, blobs = encode_tensors({"x": np.arange(5, dtype=np.int64)})
+    data = _stream_of(({"id": 1, "tensors": metas}, blobs), ({"id": 2}, []), ({"id": 3}, []))
+    for cut in range(1, len(data)):
+        parser = FrameParser(1 << 20)
+        frames = parser.feed(data[:cut]) + parser.feed(data[cut:])
+        assert [f.header["id"] for f in frames] == [1, 2, 3], cut
+        assert parser.pending_bytes == 0
+        x = decode_tensors(frames[0].header["tensors"], frames[0].payload)["x"]
+        assert x.tolist() == [0, 1, 2, 3, 4]
+    parser = FrameParser(1 << 20)  # one byte at a time
+    got = [f for b in data for f in parser.feed(bytes([b]))]
+    assert [f.header["id"] for f in got] == [1, 2, 3]
+
+
+def test_frame_parser_refuses_oversized_and_malformed_frames() -> None:
+    from hotreload.protocol.frame_protocol import FrameParser
+
+    with pytest.raises(ProtocolError, match="exceeds the maximum frame size of 100 bytes"):
+        FrameParser(100).feed(struct.pack(">I", 101))
+    body = struct.pack(">I", 3) + b"{x}"
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        FrameParser(100).feed(struct.pack(">I", len(body)) + body)
+
+
+def test_frame_protocol_hands_frames_over_and_reports_a_broken_stream() -> None:
+    from hotreload.protocol.frame_protocol import FrameProtocol
+
+    async def main() -> None:
+        got: list = []
+        errors: list = []
+        closed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        _, proto = await loop.create_unix_connection(
+            lambda: FrameProtocol(
+                1000, got.append, on_error=errors.append, on_close=lambda e: closed.set()
+            ),
+            sock=a,
+        )
+        with b:
+            b.sendall(_stream_of(({"id": 1}, []), ({"id": 2}, [])))
+            b.sendall(struct.pack(">I", 5000))  # over the limit: the stream is broken
+            b.sendall(_stream_of(({"id": 3}, [])))  # never parsed
+            proto.write(pack_frame({"id": 9}))
+            await asyncio.wait_for(_until(lambda: errors), 10)
+            assert [f.header["id"] for f in got] == [1, 2]
+            assert "exceeds the maximum frame size" in str(errors[0])
+            b.settimeout(10)
+            assert read_frame_sync(b, 1000).header == {"id": 9}
+        await asyncio.wait_for(closed.wait(), 10)
+        assert proto.closed and not proto.write(pack_frame({"id": 10}))
+
+    asyncio.run(main())
+
+
+async def _until(predicate) -> None:  # type: ignore[no-untyped-def]
+    while not predicate():
+        await asyncio.sleep(0.01)

@@ -17,7 +17,8 @@ from typing import Any
 
 from hotreload.errors import BadRequestError, ClientError, HotreloadError, ProtocolError
 from hotreload.paths import ensure_private_dir
-from hotreload.protocol.framing import Frame, pack_frame, read_frame
+from hotreload.protocol.frame_protocol import FrameProtocol
+from hotreload.protocol.framing import Frame, pack_frame
 
 #: Sends a reply: (header, blobs) or an exception to report.
 Reply = Callable[[dict[str, Any] | None, list[Any] | BaseException], None]
@@ -68,7 +69,7 @@ class Endpoint:
         self.stream_handlers = stream_handlers or {}
         self.max_frame_bytes = max_frame_bytes
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
+        self._connections: set[FrameProtocol] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -80,13 +81,10 @@ class Endpoint:
                     "(or use `hotreload status` to see it)"
                 )
             self.path.unlink()  # stale socket from a session that crashed
+        loop = asyncio.get_running_loop()
         old_umask = os.umask(0o177)  # the socket is created 0600, no window with wider modes
         try:
-            self._server = await asyncio.start_unix_server(
-                self._serve_connection,
-                path=str(self.path),
-                limit=self.max_frame_bytes + 1024 * 1024,
-            )
+            self._server = await loop.create_unix_server(self._new_connection, path=str(self.path))
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
@@ -94,8 +92,8 @@ class Endpoint:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for writer in list(self._connections):
-            writer.close()
+        for conn in list(self._connections):
+            conn.close()
         for task in list(self._tasks):
             task.cancel()
         if self._server is None:
@@ -107,64 +105,65 @@ class Endpoint:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        self._connections.add(writer)
+    def _new_connection(self) -> FrameProtocol:
         stops: list[Callable[[], None]] = []
-        try:
-            while True:
-                try:
-                    frame = await read_frame(reader, self.max_frame_bytes)
-                except ProtocolError as exc:
-                    writer.writelines(pack_frame(error_header(None, BadRequestError(str(exc)))))
-                    with contextlib.suppress(ConnectionError):
-                        await writer.drain()
-                    break
-                if frame is None:
-                    break
-                fast = self.fast_handlers.get(frame.header.get("op"))  # type: ignore[arg-type]
-                if fast is not None:
-                    self._handle_fast(fast, frame, writer)
-                    continue
-                stream = self.stream_handlers.get(frame.header.get("op"))  # type: ignore[arg-type]
-                if stream is not None:
-                    stops.append(self._start_stream(stream, frame, writer))
-                    continue
-                task = asyncio.create_task(self._handle(frame, writer))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
+        conn: FrameProtocol
+
+        def on_frame(frame: Frame) -> None:
+            op = frame.header.get("op")
+            fast = self.fast_handlers.get(op)  # type: ignore[arg-type]
+            if fast is not None:
+                self._handle_fast(fast, frame, conn)
+                return
+            stream = self.stream_handlers.get(op)  # type: ignore[arg-type]
+            if stream is not None:
+                stops.append(self._start_stream(stream, frame, conn))
+                return
+            task = asyncio.create_task(self._handle(frame, conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        def on_error(exc: Exception) -> None:
+            # A length-prefixed stream cannot be resynchronised: say why, then hang up.
+            conn.write(pack_frame(error_header(None, BadRequestError(str(exc)))))
+            conn.close()
+
+        def on_close(exc: Exception | None) -> None:
             for stop in stops:
                 with contextlib.suppress(Exception):
                     stop()
-            self._connections.discard(writer)
-            writer.close()
+            self._connections.discard(conn)
+
+        conn = FrameProtocol(
+            self.max_frame_bytes,
+            on_frame,
+            on_error=on_error,
+            on_close=on_close,
+            on_open=self._connections.add,
+        )
+        return conn
 
     def _start_stream(
-        self, stream: StreamHandler, frame: Frame, writer: asyncio.StreamWriter
+        self, stream: StreamHandler, frame: Frame, conn: FrameProtocol
     ) -> Callable[[], None]:
         rid = frame.header.get("id")
 
         def push(header: dict[str, Any]) -> bool:
-            if writer.is_closing():
+            if conn.is_closing():
                 return False
-            if writer.transport.get_write_buffer_size() > MAX_STREAM_BACKLOG_BYTES:
-                writer.close()  # a subscriber that stopped reading must not grow our memory
+            if conn.write_buffer_size() > MAX_STREAM_BACKLOG_BYTES:
+                conn.close()  # a subscriber that stopped reading must not grow our memory
                 return False
             header["id"] = rid
-            writer.writelines(pack_frame(header))
-            return True
+            return conn.write(pack_frame(header))
 
         try:
             return stream(frame.header, push)
         except Exception as exc:
-            writer.writelines(pack_frame(error_header(rid, exc)))
+            conn.write(pack_frame(error_header(rid, exc)))
             return lambda: None
 
-    def _handle_fast(self, fast: FastHandler, frame: Frame, writer: asyncio.StreamWriter) -> None:
+    def _handle_fast(self, fast: FastHandler, frame: Frame, conn: FrameProtocol) -> None:
         rid = frame.header.get("id")
 
         def reply(header: dict[str, Any] | None, result: list[Any] | BaseException) -> None:
@@ -174,17 +173,16 @@ class Endpoint:
             else:
                 header["id"] = rid
                 pieces = pack_frame(header, result)
-            if not writer.is_closing():
-                # No drain: replies are small next to the socket buffer, and a client that
-                # stops reading is cut off by the transport's own limits.
-                writer.writelines(pieces)
+            # No drain: replies are small next to the socket buffer, and a client that
+            # stops reading is cut off by the transport's own limits.
+            conn.write(pieces)
 
         try:
             fast(frame.header, frame.payload, reply)
         except Exception as exc:
             reply(None, exc)
 
-    async def _handle(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, frame: Frame, conn: FrameProtocol) -> None:
         rid = frame.header.get("id")
         op = frame.header.get("op")
         handler = self.handlers.get(op) if isinstance(op, str) else None
@@ -198,11 +196,9 @@ class Endpoint:
             pieces = pack_frame(header, blobs)
         except Exception as exc:
             pieces = pack_frame(error_header(rid, exc))
-        if writer.is_closing():
-            return
-        writer.writelines(pieces)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
+        if conn.write(pieces):
+            with contextlib.suppress(ConnectionError):
+                await conn.drain()
 
 
 def _socket_answers(path: Path) -> bool:

@@ -21,7 +21,8 @@ from typing import Any
 
 from hotreload.config import Config, ModelConfig
 from hotreload.errors import HotreloadError
-from hotreload.protocol.framing import Frame, pack_frame, read_frame
+from hotreload.protocol.frame_protocol import FrameProtocol
+from hotreload.protocol.framing import Frame, pack_frame
 
 SPEC_ENV = "HOTRELOAD_WORKER_SPEC"
 FD_ENV = "HOTRELOAD_WORKER_FD"
@@ -92,8 +93,9 @@ class WorkerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.device: str | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._conn: FrameProtocol | None = None
+        #: Runs after the channel closed: makes sure the process goes away too.
+        self._eof_task: asyncio.Task[None] | None = None
         # A reply goes to a future (control requests) or straight to a callback (infer: the
         # router answers the client in the same loop turn the reply arrives in).
         self._pending: dict[int, asyncio.Future[Frame] | ReplyCallback] = {}
@@ -133,13 +135,16 @@ class WorkerProcess:
             child.close()
         self.pid = self.proc.pid
         try:
-            reader, self._writer = await asyncio.open_unix_connection(
-                sock=parent, limit=self.config.max_frame_bytes
-            )
             loop = asyncio.get_running_loop()
             self._hello = loop.create_future()
-            self._reader_task = asyncio.create_task(
-                self._read_loop(reader), name=f"worker-{self.pid}"
+            _, self._conn = await loop.create_unix_connection(
+                lambda: FrameProtocol(
+                    self.config.max_frame_bytes + 1024 * 1024,
+                    self._on_frame,
+                    on_error=self._on_channel_error,
+                    on_close=self._on_channel_closed,
+                ),
+                sock=parent,
             )
             self._exit_task = asyncio.create_task(
                 self._watch_exit(), name=f"worker-exit-{self.pid}"
@@ -166,37 +171,41 @@ class WorkerProcess:
             if not self._stopping and self.on_death is not None:
                 self.on_death(self)
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        max_bytes = self.config.max_frame_bytes + 1024 * 1024
-        try:
-            while True:
-                frame = await read_frame(reader, max_bytes)
-                if frame is None:
-                    break
-                rid = frame.header.get("id")
-                if rid == 0 and self._hello is not None and not self._hello.done():
-                    self._hello.set_result(frame)
-                    continue
-                waiter = self._pending.pop(rid, None)
-                if isinstance(waiter, asyncio.Future):
-                    if not waiter.done():
-                        waiter.set_result(frame)
-                elif waiter is not None:
-                    waiter(frame, None)
-        except Exception as exc:
+    def _on_frame(self, frame: Frame) -> None:
+        rid = frame.header.get("id")
+        if rid == 0 and self._hello is not None and not self._hello.done():
+            self._hello.set_result(frame)
+            return
+        waiter = self._pending.pop(rid, None)  # type: ignore[arg-type]
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():
+                waiter.set_result(frame)
+        elif waiter is not None:
+            waiter(frame, None)
+
+    def _on_channel_error(self, exc: Exception) -> None:
+        self.exit_reason = f"channel error: {exc}"
+        if self._conn is not None:
+            self._conn.close()  # connection_lost follows: _on_channel_closed does the rest
+
+    def _on_channel_closed(self, exc: Exception | None) -> None:
+        if exc is not None and self.exit_reason is None:
             self.exit_reason = f"channel error: {exc}"
-        finally:
-            self._channel_open = False
-            if self._hello is not None and not self._hello.done():
-                self._hello.set_exception(WorkerDied(self.exit_reason or "worker exited at start"))
-            self._fail_pending()
-            # EOF usually precedes the exit status by a moment; make sure it goes away.
-            if self.proc is not None and self.proc.returncode is None and not self._stopping:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.proc.wait(), 2.0)
-                if self.proc.returncode is None:
-                    # Not kill(): that marks a stop we asked for, and on_death would not run.
-                    await self._sigkill()
+        self._channel_open = False
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(WorkerDied(self.exit_reason or "worker exited at start"))
+        self._fail_pending()
+        if self.proc is not None and self.proc.returncode is None and not self._stopping:
+            self._eof_task = asyncio.ensure_future(self._reap_after_eof())
+
+    async def _reap_after_eof(self) -> None:
+        # EOF usually precedes the exit status by a moment; make sure it goes away.
+        assert self.proc is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), 2.0)
+        if self.proc.returncode is None and not self._stopping:
+            # Not kill(): that marks a stop we asked for, and on_death would not run.
+            await self._sigkill()
 
     def _fail_pending(self) -> None:
         reason = self.exit_reason or "worker channel closed"
@@ -233,12 +242,13 @@ class WorkerProcess:
         waiter: asyncio.Future[Frame] | ReplyCallback,
     ) -> bool:
         """Queue a frame; `waiter` gets the reply. False (nothing sent) when the worker is gone."""
-        if not self.alive or self._writer is None:
+        conn = self._conn
+        if not self.alive or conn is None:
             return False
         rid = next(self._ids)
         header["id"] = rid
         self._pending[rid] = waiter
-        self._writer.writelines(pack_frame(header, blobs))
+        conn.write(pack_frame(header, blobs))
         return True
 
     async def request(
@@ -246,9 +256,9 @@ class WorkerProcess:
     ) -> dict[str, Any]:
         """A control request; WorkerReplyError on an error reply, TimeoutError past timeout."""
         fut = self.send({"op": op, **fields})
-        if self._writer is not None:
+        if self._conn is not None:
             with contextlib.suppress(ConnectionError):
-                await self._writer.drain()
+                await self._conn.drain()
         frame = await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
         if not frame.header.get("ok"):
             raise WorkerReplyError(frame.header.get("error", {}))
@@ -289,9 +299,9 @@ class WorkerProcess:
                 await asyncio.wait_for(self.proc.wait(), 5.0)
 
     def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def _has_fileno(stream: Any) -> bool:

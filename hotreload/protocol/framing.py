@@ -42,7 +42,7 @@ def pack_frame(
     return [prefix + head, *blobs]
 
 
-def unpack_body(body: bytes) -> Frame:
+def unpack_body(body: bytes | bytearray) -> Frame:
     """Split a frame body into header and payload; raises ProtocolError on anything odd."""
     if len(body) < 4:
         raise ProtocolError(f"frame body of {len(body)} bytes is shorter than its 4-byte header")
@@ -134,6 +134,8 @@ class SocketFrameReader:
         _check_length(length, self.max_bytes)
         self._fill(4 + length)
         start = self._pos + 4
-        body = bytes(self._buf[start : start + length])
+        # A bytearray of its own: the payload view is writable, so the worker can hand it to
+        # torch.frombuffer without another copy.
+        body = self._buf[start : start + length]
         self._pos = start + length
         return unpack_body(body)

@@ -23,7 +23,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
-from hotreload.protocol.tensors import decode_tensors, encode_tensors
+from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.loader import LoadError, ModelVersion
 
@@ -66,6 +66,14 @@ class Worker:
         )
 
     def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
+        if name == "serve":
+            # Forwards only: inference mode once for the thread's life, not per request.
+            with torch.inference_mode():
+                self._run_queue(q)
+        else:
+            self._run_queue(q)
+
+    def _run_queue(self, q: queue.SimpleQueue[Any]) -> None:
         while True:
             item = q.get()
             if item is _STOP:
@@ -94,16 +102,19 @@ class Worker:
         self.busy_since = time.monotonic()
         try:
             t0 = time.perf_counter()
-            arrays = decode_tensors(h["tensors"], frame.payload, writable=True)
+            tensors = request_tensors(h["tensors"], frame.payload)
             # The router checked names, dtypes and shapes; pass them in the example's order.
-            names = [e["name"] for e in mv.input_signature]
             if mv.example_form == loader.FORM_SINGLE:
-                names = list(arrays)
-            inputs = {k: torch.from_numpy(arrays[k]).to(mv.device) for k in names}
+                names = list(tensors)
+            else:
+                names = [e["name"] for e in mv.input_signature]
+            if mv.device.type == "cpu":
+                inputs = {k: tensors[k] for k in names}
+            else:
+                inputs = {k: tensors[k].to(mv.device) for k in names}
             out = loader.forward(mv, mv.example_form, inputs)
             form, outputs = loader.normalise_output(out)
-            host = {k: v.detach().to("cpu").numpy() for k, v in outputs.items()}
-            metas, blobs = encode_tensors(host)
+            metas, blobs = encode_tensors(outputs)  # CPU copies of device tensors, as numpy
             compute_ms = (time.perf_counter() - t0) * 1000
         except BaseException:
             self.failed += 1
@@ -389,6 +400,36 @@ class Worker:
         for q in queues.values():
             q.put(_STOP)
         return 0
+
+
+#: Wire dtype name -> torch dtype (the wire is little-endian, as every host torch runs on).
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
+
+
+def request_tensors(
+    metas: list[dict[str, Any]], payload: memoryview | bytes
+) -> dict[str, torch.Tensor]:
+    """Tensors over the request's own bytes (no copy) from header entries the router already
+    validated against the payload; a copy only where the bytes are read-only."""
+    if sys.byteorder != "little":
+        arrays = decode_tensors(metas, payload, writable=True)
+        return {k: torch.from_numpy(v) for k, v in arrays.items()}
+    view = payload if isinstance(payload, memoryview) else memoryview(payload)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    if sum(m["nbytes"] for m in metas) != len(view):
+        raise ValueError("payload length does not match the tensors in the header")
+    out: dict[str, torch.Tensor] = {}
+    offset = 0
+    for m in metas:
+        n, dtype = m["nbytes"], TORCH_DTYPES[m["dtype"]]
+        if n:
+            t = torch.frombuffer(view[offset : offset + n], dtype=dtype).reshape(m["shape"])
+        else:
+            t = torch.empty(m["shape"], dtype=dtype)
+        out[m["name"]] = t
+        offset += n
+    return out
 
 
 _INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<frozen importlib")

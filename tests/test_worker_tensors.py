@@ -1,0 +1,40 @@
+"""The worker's request tensors: views over the request's bytes, in every wire dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hotreload.protocol import encode_tensors
+from hotreload.protocol.tensors import WIRE_DTYPES
+from hotreload.worker.server import request_tensors
+
+
+@pytest.mark.parametrize("dtype", sorted(WIRE_DTYPES))
+def test_request_tensors_match_what_the_client_sent(dtype: str) -> None:
+    x = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
+    metas, blobs = encode_tensors({"x": x, "empty": np.zeros((0, 2), dtype)})
+    payload = memoryview(bytearray(b"".join(bytes(b) for b in blobs)))
+    out = request_tensors(metas, payload)  # type: ignore[arg-type]
+    assert out["x"].dtype == getattr(torch, dtype) and out["x"].shape == (3, 4)
+    assert np.array_equal(out["x"].numpy(), x)
+    assert out["empty"].shape == (0, 2)
+
+
+def test_writable_bytes_are_shared_and_read_only_bytes_are_copied() -> None:
+    metas, blobs = encode_tensors({"x": np.ones(4, np.float32)})
+    writable = memoryview(bytearray(bytes(blobs[0])))
+    t = request_tensors(metas, writable)  # type: ignore[arg-type]
+    t["x"][0] = 7.0
+    assert np.frombuffer(writable, np.float32)[0] == 7.0  # no copy was made
+    read_only = bytes(blobs[0])
+    t = request_tensors(metas, read_only)  # type: ignore[arg-type]  (no warning: a copy)
+    t["x"][0] = 7.0
+    assert np.frombuffer(read_only, np.float32)[0] == 1.0
+
+
+def test_a_payload_of_the_wrong_length_is_refused() -> None:
+    metas, _ = encode_tensors({"x": np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match="payload length"):
+        request_tensors(metas, memoryview(bytearray(8)))  # type: ignore[arg-type]
