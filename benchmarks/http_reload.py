@@ -212,6 +212,7 @@ def run_once(
     server_cmd: str | None,
     strategy: str | None = None,
     transport: str = "http",
+    build_pace: float | None = None,
 ) -> RunResult:
     tmp = Path(tempfile.mkdtemp(prefix="hr-http-bench-"))
     proj = tmp / "proj"
@@ -220,6 +221,11 @@ def run_once(
     if strategy:
         config.write_text(
             config.read_text().replace('strategy = "inplace"', f'strategy = "{strategy}"')
+        )
+    if build_pace is not None:
+        text = config.read_text()
+        config.write_text(
+            text.replace('strategy = "', f'build_pace = {build_pace}\nstrategy = "', 1)
         )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -332,6 +338,12 @@ def main() -> int:
         "--strategy", choices=("inplace", "respawn"), help="override the example's strategy"
     )
     parser.add_argument(
+        "--build-pace",
+        type=float,
+        nargs="+",
+        help="run once per value of the model's build_pace (0: build at full speed), side by side",
+    )
+    parser.add_argument(
         "--transport",
         choices=("http", "socket"),
         default="http",
@@ -349,18 +361,22 @@ def main() -> int:
         f"{args.transport} clients"
     )
     for clients in args.clients:
-        report(
-            run_once(
-                clients,
-                args.seconds,
-                args.every,
+        for pace in args.build_pace or [None]:
+            if pace is not None:
+                print(f"\n--- build_pace = {pace:g}", flush=True)
+            report(
+                run_once(
+                    clients,
+                    args.seconds,
+                    args.every,
+                    args.trigger,
+                    args.server_cmd,
+                    args.strategy,
+                    args.transport,
+                    pace,
+                ),
                 args.trigger,
-                args.server_cmd,
-                args.strategy,
-                args.transport,
-            ),
-            args.trigger,
-        )
+            )
     return 0
 
 

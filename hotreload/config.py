@@ -104,6 +104,10 @@ class ModelConfig:
     strategy: str = "inplace"
     #: Let a reload change the output shape or dtype (smoke rejects it otherwise).
     allow_output_change: bool = False
+    #: While requests are being served, a build (load, warm-up, smoke) pauses after each
+    #: step for this many times the step's duration (at most 50 ms a pause): the requests
+    #: keep the CPU. 0: never pause.
+    build_pace: float = 3.0
     #: Output signature a user pins: {"shape": [...], "dtype": "float32"}; None = learn it.
     expected_output: Mapping[str, Any] | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
@@ -328,6 +332,7 @@ _MODEL_KEYS = (
     "policy",
     "strategy",
     "allow_output_change",
+    "build_pace",
     "expected_output",
     "deadlines",
 )
@@ -560,6 +565,8 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         policy=m.choice("policy", "auto", POLICIES),
         strategy=m.choice("strategy", "inplace", STRATEGIES),
         allow_output_change=m.get("allow_output_change", bool, False, "true or false"),
+        build_pace=m.number("build_pace", 3.0, minimum=0.0, what="a factor (0 = never pause)")
+        or 0.0,
         expected_output=expected,
         deadlines=deadlines,
     )

@@ -38,6 +38,9 @@ strategy = "inplace"                 # "inplace" (re-import in the same worker) 
                                      #   (default: the entry file's folder)
 # ignore = ["data/**", "*.log"]      # globs never reloaded on
 # allow_output_change = false        # let a reload change the output shape or dtype
+# build_pace = 3.0                   # while requests flow, a reload's build pauses after
+                                     #   each step for 3x its time (max 50 ms): requests keep
+                                     #   the CPU; 0 = build at full speed
 # expected_output = { shape = [-1, 10], dtype = "float32" }
 
 [models.env]                         # applied in the worker before torch is imported

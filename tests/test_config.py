@@ -65,6 +65,7 @@ threads = { intra_op = 2, inter_op = 1 }
 env = { PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True" }
 policy = "resource"
 strategy = "respawn"
+build_pace = 0
 ignore = ["*.log"]
 [models.deadlines]
 drain_s = 2
@@ -95,6 +96,7 @@ port = 9000
     assert a.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert a.deadlines.drain_s == 2 and a.deadlines.sync_s == 0.5 and a.deadlines.load_s == 120
     assert b.entry.module == "pkg.mod" and b.threads and b.threads.inter_op == 3
+    assert a.build_pace == 0.0 and b.build_pace == 3.0
     assert cfg.gpu.reset == "on-wedge" and cfg.check.p99_ms == 20 and cfg.http.port == 9000
 
 
@@ -131,6 +133,8 @@ def test_discovery_prefers_hotreload_toml_in_cwd(tmp_path: Path) -> None:
         ),
         (GOOD_MODEL + "env = { A = 1 }", "models[0].env.A", "expected a string value"),
         (GOOD_MODEL + "request_timeout_s = 0", "models[0].request_timeout_s", ">= 0.001"),
+        (GOOD_MODEL + "build_pace = -1", "models[0].build_pace", "(0 = never pause) >= 0"),
+        (GOOD_MODEL + 'build_pace = "slow"', "models[0].build_pace", "expected a factor"),
         (
             GOOD_MODEL + "[models.deadlines]\ndrain = 3",
             "models[0].deadlines.drain",

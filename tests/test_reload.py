@@ -103,6 +103,27 @@ def test_code_and_weights_edits_go_live_without_failed_requests(project: Path, s
     assert done[0]["trigger"] == "file" and set(done[0]["phases"]) >= {"load", "warm", "swap"}
 
 
+def test_a_build_pauses_for_requests_being_served_and_never_on_an_idle_model(
+    project: Path, serve
+) -> None:
+    serve(project)
+    client = Client(config=project, timeout_s=60)
+    assert client.reload("mlp")["ok"]
+    traffic = Traffic(project)
+    try:
+        wait_until(lambda: len(traffic.results) > 20, 30, what="steady traffic")
+        assert client.reload("mlp")["ok"]
+    finally:
+        traffic.stop()
+    assert traffic.failures == []
+    ends = [e for e in read_events(project) if e["kind"] == "phase_end"]
+    warm = [e for e in ends if e["phase"] == "warm"]
+    assert len(warm) == 2, warm
+    # Idle: full speed. Under traffic: each warm-up pass is followed by a pause.
+    assert "paused" not in warm[0]["detail"], warm[0]
+    assert "for requests being served" in warm[1]["detail"], warm[1]
+
+
 BREAKAGES = {
     "syntax error": ("def build(:\n", "SyntaxError"),
     "factory raises": (

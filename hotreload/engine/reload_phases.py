@@ -133,7 +133,8 @@ class ReloadPhases:
                 if job.weights_only
                 else f"{r.get('reimported', 0)} module(s) re-imported"
             )
-            return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB"}
+            detail = f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{_paced(r)}"
+            return {"detail": detail}
 
         async def warm() -> dict[str, Any]:
             r = await worker.request(
@@ -141,13 +142,13 @@ class ReloadPhases:
             )
             info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
             passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
-            return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms"}
+            return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms{_paced(r)}"}
 
         async def smoke() -> dict[str, Any]:
             r = await worker.request("smoke", None, target="staged", previous_outputs=previous)
             info.outputs = r["outputs"]
             sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
-            return {"detail": sig}
+            return {"detail": sig + _paced(r)}
 
         state_load = "loading" if cold or self.host.router.gate_open is False else "reloading"
         await self._phase("load", outcome, load, deadline_s=d.load_s, state=state_load)
@@ -418,3 +419,9 @@ class ReloadPhases:
         new, info = await self._spawn_and_build(job, outcome, version, cold=True)
         host._install(new, info, announce=False)
         host.ensure_watchdog()
+
+
+def _paced(reply: dict[str, Any]) -> str:
+    """How long a build step paused for the requests being served (build_pace), if at all."""
+    paused = float(reply.get("paused_s") or 0.0)
+    return f"; paused {paused * 1000:.0f} ms for requests being served" if paused else ""

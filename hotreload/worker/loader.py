@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hotreload import runtime
+from hotreload.worker.pacing import no_pause
 
 #: Input forms: how the wire tensors are passed to the model.
 FORM_SINGLE, FORM_TUPLE, FORM_DICT = "single", "tuple", "dict"
@@ -293,8 +294,14 @@ def allocated_bytes(device: torch.device) -> int:
     return 0
 
 
-def build_version(spec: dict[str, Any], version: int, device: torch.device) -> ModelVersion:
-    """Import (or reuse) the code, call the factory, load weights, move to the device."""
+def build_version(
+    spec: dict[str, Any],
+    version: int,
+    device: torch.device,
+    step_done: Callable[[], None] = no_pause,
+) -> ModelVersion:
+    """Import (or reuse) the code, call the factory, load weights, move to the device.
+    `step_done` runs between those steps (a `Pacer` yields the CPU to serving there)."""
     root = Path(spec["root"])
     started = time.perf_counter()
     before = allocated_bytes(device)
@@ -303,13 +310,16 @@ def build_version(spec: dict[str, Any], version: int, device: torch.device) -> M
     try:
         factory = resolve(spec["entry"], root)
         example_fn = resolve(spec["example"], root)
+        step_done()
         model = factory()
+        step_done()
         if not callable(model):
             raise LoadError(
                 f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
         load_weights(model, spec.get("weights") or [], device)
+        step_done()
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
         form, example = normalise_example(example_fn())
@@ -349,14 +359,16 @@ def forward(mv: ModelVersion, form: str, inputs: dict[str, torch.Tensor]) -> Any
     return call_model(mv.model, form, inputs)
 
 
-def warm(mv: ModelVersion, iters: int) -> None:
-    """Run the example `iters` times and time each pass (first pass shows lazy init cost)."""
+def warm(mv: ModelVersion, iters: int, step_done: Callable[[], None] = no_pause) -> None:
+    """Run the example `iters` times and time each pass (first pass shows lazy init cost);
+    `step_done` runs after each pass."""
     mv.warm_passes_ms = []
     started = time.perf_counter()
     for _ in range(iters):
         t0 = time.perf_counter()
         forward(mv, mv.example_form, mv.example)
         mv.warm_passes_ms.append((time.perf_counter() - t0) * 1000)
+        step_done()
     mv.warm_s = time.perf_counter() - started
 
 

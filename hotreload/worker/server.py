@@ -26,6 +26,7 @@ from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.loader import LoadError, ModelVersion
+from hotreload.worker.pacing import Pacer, no_pause
 
 _STOP = object()
 
@@ -45,6 +46,8 @@ class Worker:
         self.served = 0
         self.failed = 0
         self.busy_since: float | None = None
+        #: When the serving thread last finished a request (build pacing looks at it).
+        self.last_served_at = 0.0
         self.process = psutil.Process()
         self.running = True
 
@@ -121,6 +124,7 @@ class Worker:
             raise
         finally:
             self.busy_since = None
+            self.last_served_at = time.monotonic()
         self.served += 1
         self.send(
             {
@@ -155,7 +159,8 @@ class Worker:
             self.staged = None
         self.state = "loading" if self.current is None else self.state
         rss_before = self.process.memory_info().rss
-        mv = loader.build_version(self.spec, version, self.device)
+        pacer = self._pacer()
+        mv = loader.build_version(self.spec, version, self.device, pacer.step_done)
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
@@ -169,8 +174,17 @@ class Worker:
                 "reimported": len(dropped),
                 "inputs": mv.input_signature,
                 "input_form": mv.example_form,
+                "paused_s": pacer.paused_s,
             }
         )
+
+    def _pacer(self) -> Pacer:
+        """Paces a build on the loader thread while this worker's serving thread is busy."""
+        return Pacer(float(self.spec.get("build_pace") or 0.0), self._serving_busy)
+
+    def _serving_busy(self) -> bool:
+        # A request running now, or one finished a moment ago (the next is likely queued).
+        return self.busy_since is not None or time.monotonic() - self.last_served_at < 0.05
 
     def _code_roots(self) -> list[Any]:
         from pathlib import Path
@@ -192,8 +206,19 @@ class Worker:
         mv = self._target(h.get("target", "staged"))
         if self.current is None:
             self.state = "warming"
-        loader.warm(mv, int(h.get("iters", self.spec.get("warmup_iters", 3))))
-        self.send({"id": h["id"], "ok": True, "warm_s": mv.warm_s, "passes_ms": mv.warm_passes_ms})
+        # Re-warming the serving version runs on its own thread, between requests: no pacing.
+        pacer = self._pacer() if mv is not self.current else None
+        iters = int(h.get("iters", self.spec.get("warmup_iters", 3)))
+        loader.warm(mv, iters, pacer.step_done if pacer else no_pause)
+        self.send(
+            {
+                "id": h["id"],
+                "ok": True,
+                "warm_s": mv.warm_s,
+                "passes_ms": mv.warm_passes_ms,
+                "paused_s": pacer.paused_s if pacer else 0.0,
+            }
+        )
 
     def op_smoke(self, frame: Frame) -> None:
         h = frame.header
@@ -203,13 +228,15 @@ class Worker:
         )
         if previous is None and h.get("previous_outputs"):
             previous = h["previous_outputs"]
+        pacer = self._pacer()
         sig = loader.smoke(
             mv,
             previous,
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
         )
-        self.send({"id": h["id"], "ok": True, "outputs": sig})
+        pacer.step_done()
+        self.send({"id": h["id"], "ok": True, "outputs": sig, "paused_s": pacer.paused_s})
 
     # ------------------------------------------------------------------ control (reader thread)
 
