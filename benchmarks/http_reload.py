@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -161,6 +162,9 @@ class RunResult:
     failures: list[float]
     reloads: list[Reload] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    #: [reload done, standby worker ready] (strategy respawn with a standby): the next
+    #: worker starting in the background, outside any reload window.
+    standby_starts: list[tuple[float, float]] = field(default_factory=list)
 
 
 def _edit(model_py: Path, k: int) -> None:
@@ -273,23 +277,50 @@ def run_once(
             p.join(30)
     finally:
         server.stop()
+        standby_ready = _event_times(proj / ".hotreload" / "events.jsonl", "standby_ready")
         shutil.rmtree(tmp, ignore_errors=True)
     samples.sort()
+    standby_starts = []
+    for rl in reloads:
+        later = [t for t in standby_ready if t >= rl.done_at]
+        if later:
+            standby_starts.append((rl.done_at, min(later)))
     for rl in reloads:
         replies = [t + lat / 1000 for t, lat, v in samples if v >= rl.version and t >= rl.edit_at]
         rl.first_new_at = min(replies) if replies else None
-    return RunResult(clients, sent, samples, failures, reloads, server.lines)
+    return RunResult(clients, sent, samples, failures, reloads, server.lines, standby_starts)
+
+
+def _event_times(path: Path, kind: str) -> list[float]:
+    times = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                e = json.loads(line)
+                if e.get("kind") == kind:
+                    times.append(float(e["ts"]))
+    return times
 
 
 def report(r: RunResult, trigger: str) -> None:
     windows = [(rl.edit_at, rl.window_end) for rl in r.reloads]
 
-    def overlaps(t: float, lat_ms: float) -> bool:
+    def overlaps(t: float, lat_ms: float, spans: list[tuple[float, float]] = windows) -> bool:
         end = t + lat_ms / 1000
-        return any(t <= w1 and end >= w0 for w0, w1 in windows)
+        return any(t <= w1 and end >= w0 for w0, w1 in spans)
 
     inside = [lat for t, lat, _ in r.samples if overlaps(t, lat)]
     steady = [lat for t, lat, _ in r.samples if not overlaps(t, lat)]
+    starting = [
+        lat
+        for t, lat, _ in r.samples
+        if not overlaps(t, lat) and overlaps(t, lat, r.standby_starts)
+    ]
+    quiet = [
+        lat
+        for t, lat, _ in r.samples
+        if not overlaps(t, lat) and not overlaps(t, lat, r.standby_starts)
+    ]
     every = [lat for _, lat, _ in r.samples]
     e2v = [rl.first_new_at - rl.edit_at for rl in r.reloads if rl.first_new_at]
     totals = [rl.total_s for rl in r.reloads if rl.total_s is not None]
@@ -299,17 +330,20 @@ def report(r: RunResult, trigger: str) -> None:
         f"{len(r.reloads)} reloads ({trigger}), versions {versions[0]}..{versions[-1]}"
     )
     print(f"  {'':<26} {'n':>7} {'p50 ms':>8} {'p99 ms':>8}")
-    for label, values in (
-        ("overall", every),
-        ("steady", steady),
-        ("inside reload windows", inside),
-    ):
+    rows = [("overall", every), ("steady", steady)]
+    if r.standby_starts:
+        rows += [("  of which standby starting", starting), ("  of which quiet", quiet)]
+    rows.append(("inside reload windows", inside))
+    for label, values in rows:
         print(
             f"  {label:<26} {len(values):>7} {percentile(values, 50):>8.2f} "
             f"{percentile(values, 99):>8.2f}"
         )
     if steady and inside:
         print(f"  p99 inside / steady: {percentile(inside, 99) / percentile(steady, 99):.2f}x")
+    if r.standby_starts and quiet and inside:
+        ratio = percentile(inside, 99) / percentile(quiet, 99)
+        print(f"  p99 inside / quiet steady (no standby starting): {ratio:.2f}x")
     if e2v:
         print(
             f"  edit -> first new-version answer: median {statistics.median(e2v) * 1000:.0f} ms, "

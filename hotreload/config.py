@@ -108,6 +108,9 @@ class ModelConfig:
     #: step for this many times the step's duration (at most 50 ms a pause): the requests
     #: keep the CPU. 0: never pause.
     build_pace: float = 3.0
+    #: strategy "respawn": keep the next worker process started ahead of time (torch
+    #: imported, idle, at low priority while it starts), so a reload only builds the model.
+    standby: bool = True
     #: Output signature a user pins: {"shape": [...], "dtype": "float32"}; None = learn it.
     expected_output: Mapping[str, Any] | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
@@ -333,6 +336,7 @@ _MODEL_KEYS = (
     "strategy",
     "allow_output_change",
     "build_pace",
+    "standby",
     "expected_output",
     "deadlines",
 )
@@ -567,6 +571,7 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         allow_output_change=m.get("allow_output_change", bool, False, "true or false"),
         build_pace=m.number("build_pace", 3.0, minimum=0.0, what="a factor (0 = never pause)")
         or 0.0,
+        standby=m.get("standby", bool, True, "true or false"),
         expected_output=expected,
         deadlines=deadlines,
     )

@@ -116,6 +116,10 @@ def slow_respawn_project(tmp_path: Path) -> Path:
     (folder / "model.py").rename(folder / "model_base.py")
     (folder / "model.py").write_text(SLOW_WHEN_MARKED)
     set_policy(config, "availability", "respawn")
+    # A fresh spawn per reload: these tests count worker processes (the standby has its own).
+    config.write_text(
+        config.read_text().replace('strategy = "respawn"', 'strategy = "respawn"\nstandby = false')
+    )
     return config
 
 

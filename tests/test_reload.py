@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from hotreload import Client
@@ -329,6 +330,44 @@ def test_policies_and_strategies(tmp_path: Path, serve, policy: str, strategy: s
     assert (new_pid != pid) == (strategy == "respawn")
     if policy == "resource":
         assert list(done["phases"])[:4] == ["gate", "drain", "sync", "release"]
+
+
+@pytest.mark.parametrize("standby", [True, False])
+def test_respawn_builds_in_a_standby_worker_started_ahead_of_time(
+    tmp_path: Path, serve, standby: bool
+) -> None:
+    config = make_project(tmp_path)
+    strategy = 'strategy = "respawn"' + ("" if standby else "\nstandby = false")
+    config.write_text(config.read_text().replace('strategy = "inplace"', strategy))
+    proc = serve(config)
+    client = Client(config=config, timeout_s=60)
+
+    def standby_pids() -> list[int]:
+        return [e["pid"] for e in read_events(config) if e["kind"] == "standby_ready"]
+
+    if standby:
+        wait_until(lambda: len(standby_pids()) == 1, 60, what="the first standby worker")
+    serving = client.status()["models"][0]["pid"]
+    for version in (2, 3):
+        assert client.reload("mlp")["ok"]
+        now = client.status()["models"][0]
+        assert now["version"] == version and now["pid"] != serving
+        spawn = [
+            e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "spawn"
+        ][-1]
+        if standby:
+            # The reload took the standby; a new one starts once it is done.
+            assert now["pid"] == standby_pids()[version - 2]
+            assert "started ahead of time" in spawn["detail"]
+            wait_until(lambda v=version: len(standby_pids()) == v, 60, what="the next standby")
+        else:
+            assert "ahead" not in spawn["detail"] and standby_pids() == []
+        assert not psutil.pid_exists(serving) or psutil.Process(serving).status() == "zombie"
+        serving = now["pid"]
+    kids = proc.worker_pids()
+    assert len(kids) == (2 if standby else 1)  # the serving worker (and the next standby)
+    assert proc.stop() == 0
+    assert not [p for p in kids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
 SLOW_BUILD = """

@@ -51,6 +51,10 @@ class VersionInfo:
     footprint_bytes: int = 0
 
 
+#: Niceness of a standby worker's start-up (imports): it takes spare CPU only.
+STANDBY_NICE = 10
+
+
 class BringUpError(Exception):
     """A phase of bringing a version up failed; `phase` names it."""
 
@@ -85,6 +89,8 @@ class ModelHost:
         self._stopping = False
         #: Copy of the code and weights of the version serving now (None: use the disk).
         self.good_snapshot: Snapshot | None = None
+        #: strategy "respawn": the worker started ahead of time for the next reload.
+        self.standby: WorkerProcess | None = None
         #: The phase of the reload running now (events and Xid reports are tagged with it).
         self.reload_phase: str | None = None
         #: True while the reloader holds this model: a worker death or a hung forward is then
@@ -123,9 +129,15 @@ class ModelHost:
 
     # ------------------------------------------------------------------ worker lifecycle
 
-    async def spawn_worker(self, code: dict[str, Any] | None = None) -> WorkerProcess:
+    async def spawn_worker(
+        self, code: dict[str, Any] | None = None, *, standby: bool = False
+    ) -> WorkerProcess:
+        """A new worker process. A `standby` starts at low priority and stays out of the
+        death handling until a reload takes it (`adopt`)."""
         self.generation += 1
-        worker = WorkerProcess(self.model, self.config, self.generation, code)
+        worker = WorkerProcess(
+            self.model, self.config, self.generation, code, boot_nice=STANDBY_NICE if standby else 0
+        )
         try:
             await worker.start(self.model.deadlines.start_s)
         except (WorkerDied, WorkerReplyError) as exc:
@@ -134,9 +146,18 @@ class ModelHost:
         except BaseException:
             await worker.kill()  # cancelled (shutdown): never leave a process behind
             raise
-        worker.on_death = self._on_worker_death
-        self.events.emit("worker_started", model=self.name, pid=worker.pid, device=worker.device)
+        if standby:
+            self.events.emit("standby_ready", model=self.name, pid=worker.pid)
+        else:
+            self.adopt(worker)
+            self.events.emit(
+                "worker_started", model=self.name, pid=worker.pid, device=worker.device
+            )
         return worker
+
+    def adopt(self, worker: WorkerProcess) -> None:
+        """From now on its death is this model's business (restart, retries)."""
+        worker.on_death = self._on_worker_death
 
     async def bring_up(
         self,

@@ -322,6 +322,10 @@ class ReloadPhases:
             return
         self.host.router.open_gate()
 
+    async def _take_standby(self) -> WorkerProcess | None:
+        """A worker started ahead of time, if there is one (the Reloader keeps it)."""
+        return None
+
     async def _spawn_and_build(
         self, job: ReloadJob, outcome: ReloadOutcome, version: int, *, cold: bool
     ) -> tuple[WorkerProcess, VersionInfo]:
@@ -329,6 +333,10 @@ class ReloadPhases:
         box: list[WorkerProcess] = []
 
         async def spawn() -> dict[str, Any]:
+            standby = await self._take_standby()
+            if standby is not None:
+                box.append(standby)
+                return {"detail": f"standby worker pid {standby.pid}, started ahead of time"}
             worker = await host.spawn_worker(code_paths(host.model, host.config.root))
             box.append(worker)
             return {"detail": f"worker pid {worker.pid}"}

@@ -9,7 +9,9 @@ resource (unload first, for models that cannot co-reside):
 auto: availability when free memory covers the last measured footprint with margin.
 
 Strategies: `inplace` re-imports the user's code in the same worker; `respawn` builds the new
-version in a fresh worker process (a fresh CUDA context: no stale streams at all).
+version in a fresh worker process (a fresh CUDA context: no stale streams at all), by default
+one started ahead of time (`standby`), so the build shares neither the serving process's
+GIL nor its start-up time.
 
 A failure in load, warm or smoke leaves the old version serving (or restores it). A drain or
 sync past its deadline means a wedged worker: it is killed and restarted on the last good
@@ -30,7 +32,8 @@ from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.reload_phases import ReloadPhases
-from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, take_snapshot
+from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, code_paths, take_snapshot
+from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.paths import ensure_state_dir
 
 __all__ = ["PhaseFailed", "ReloadOutcome", "Reloader", "Wedged"]
@@ -55,6 +58,8 @@ class Reloader(ReloadPhases):
         self._pending: ReloadJob | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        #: Starting the next standby worker (strategy "respawn", `standby = true`).
+        self._standby_task: asyncio.Task[None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -130,6 +135,7 @@ class Reloader(ReloadPhases):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        await self._drop_standby()
         for job in (self._running, self._pending):
             if job is not None and not job.future.done():
                 job.future.set_result(
@@ -138,6 +144,57 @@ class Reloader(ReloadPhases):
                     )
                 )
         self._running = self._pending = None
+
+    # ------------------------------------------------------------------ standby worker
+
+    def _ensure_standby(self) -> None:
+        """Start the next worker ahead of time, in the background (strategy "respawn")."""
+        host = self.host
+        if (
+            self._closed
+            or host.model.strategy != "respawn"
+            or not host.model.standby
+            or host.standby is not None
+            or (self._standby_task is not None and not self._standby_task.done())
+        ):
+            return
+        self._standby_task = asyncio.create_task(self._start_standby(), name=f"standby-{host.name}")
+
+    async def _start_standby(self) -> None:
+        host = self.host
+        try:
+            worker = await host.spawn_worker(code_paths(host.model, host.config.root), standby=True)
+        except Exception as exc:
+            # Not fatal: the next reload spawns a worker as if there were no standby.
+            self.events.emit("standby_failed", model=host.name, error=str(exc))
+            return
+        if self._closed:
+            await worker.kill()
+            return
+        host.standby = worker
+
+    async def _take_standby(self) -> WorkerProcess | None:
+        """The standby worker for this reload, or None. One still starting (at low priority)
+        is left for the next reload: a fresh spawn at normal priority is quicker now."""
+        host = self.host
+        worker, host.standby = host.standby, None
+        if worker is None:
+            return None
+        if not worker.alive:
+            await worker.kill()
+            return None
+        host.adopt(worker)
+        return worker
+
+    async def _drop_standby(self) -> None:
+        task = self._standby_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        worker, self.host.standby = self.host.standby, None
+        if worker is not None:
+            await worker.stop(self.host.model.deadlines.stop_s)
 
     # ------------------------------------------------------------------ one reload
 
@@ -189,6 +246,7 @@ class Reloader(ReloadPhases):
                 await asyncio.to_thread(_remove, candidate.folder)
         outcome.total_s = time.monotonic() - started
         host.last_error = outcome.error if not outcome.ok else None
+        self._ensure_standby()  # after the reload: its start never competes with a build
         self.events.emit(
             "reload_done" if outcome.ok else "reload_failed",
             model=host.name,
@@ -294,6 +352,7 @@ class Reloader(ReloadPhases):
                 await asyncio.to_thread(_remove, candidate.folder)
             raise
         self._promote(candidate)
+        self._ensure_standby()
 
     async def _candidate_snapshot(self, version: int) -> Snapshot | None:
         if self.snapshot_dir is None:

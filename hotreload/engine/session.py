@@ -176,7 +176,8 @@ class Session:
 
     def worker_pids(self) -> list[int]:
         """Every worker process of this session (marked as ours in GPU process lists)."""
-        return [h.worker.pid for h in self.hosts.values() if h.worker and h.worker.pid]
+        pids = [h.worker.pid for h in self.hosts.values() if h.worker and h.worker.pid]
+        return pids + [h.standby.pid for h in self.hosts.values() if h.standby and h.standby.pid]
 
     def reload_phase(self) -> str | None:
         """`model:phase` of a reload running now (Xid events are tagged with it)."""

@@ -86,10 +86,14 @@ class WorkerProcess:
         config: Config,
         generation: int,
         code: dict[str, Any] | None = None,
+        *,
+        boot_nice: int = 0,
     ) -> None:
         self.model = model
         self.config = config
         self.code = code
+        #: > 0 for a standby: the worker's start-up imports run at this niceness.
+        self.boot_nice = boot_nice
         self.generation = generation
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
@@ -114,7 +118,9 @@ class WorkerProcess:
     async def start(self, timeout_s: float) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
-        env[SPEC_ENV] = json.dumps(worker_spec(self.model, self.config, self.code))
+        spec = worker_spec(self.model, self.config, self.code)
+        spec["boot_nice"] = self.boot_nice
+        env[SPEC_ENV] = json.dumps(spec)
         env[FD_ENV] = str(child.fileno())
         try:
             self.proc = await asyncio.create_subprocess_exec(

@@ -23,9 +23,41 @@ def main() -> int:
     if threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads["intra_op"]))
         os.environ.setdefault("MKL_NUM_THREADS", str(threads["intra_op"]))
+    boot_nice = int(spec.get("boot_nice") or 0)
+    if boot_nice:
+        _import_at_low_priority(boot_nice)
     from hotreload.worker.server import run_worker  # imports torch
 
     return run_worker(spec, fd)
+
+
+def _import_at_low_priority(nice: int) -> None:
+    """A standby worker, started ahead of the next reload: its heavy imports (torch) run in a
+    thread of their own at `nice`, taking only spare CPU from the worker that serves. Only
+    that thread is niced (Linux priorities are per thread): the threads that will serve
+    keep normal priority, which an unprivileged process could not get back."""
+    import threading
+
+    def boot() -> None:
+        tid = threading.get_native_id()
+        try:
+            # SCHED_IDLE: runs only on a core nothing else wants. This thread never serves,
+            # so it never needs to come back to normal scheduling (which would need
+            # privileges).
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except OSError:
+                pass  # not allowed here: start at normal priority
+        try:
+            import hotreload.worker.server  # noqa: F401
+        except BaseException:
+            pass  # the main thread's own import reports it
+
+    t = threading.Thread(target=boot, name="hotreload-boot")
+    t.start()
+    t.join()
 
 
 if __name__ == "__main__":
