@@ -43,14 +43,17 @@ def build():
 """
 
 
-def make_project(tmp: Path, name: str, strategy: str = "inplace", load_s: float = 0.0) -> Path:
+def make_project(
+    tmp: Path, name: str, strategy: str = "inplace", load_s: float = 0.0, standby: bool = True
+) -> Path:
     proj = tmp / name
     shutil.copytree(REPO / "examples" / "mlp", proj)
     if load_s:
         with (proj / "model.py").open("a") as f:
             f.write(SLOW_BUILD.format(seconds=load_s))
     cfg = proj / "hotreload.toml"
-    cfg.write_text(cfg.read_text().replace('strategy = "inplace"', f'strategy = "{strategy}"'))
+    line = f'strategy = "{strategy}"' + ("" if standby else "\nstandby = false")
+    cfg.write_text(cfg.read_text().replace('strategy = "inplace"', line))
     return cfg
 
 
@@ -82,7 +85,9 @@ def watch_server(cfg: Path) -> Server:
 # ----------------------------------------------------------------------------- part A
 
 
-def edit_to_serving(cfg: Path, edits: int) -> list[dict[str, float]]:
+def edit_to_serving(cfg: Path, edits: int, wait_standby: bool = False) -> list[dict[str, float]]:
+    """`wait_standby`: before each edit, wait for the standby worker (strategy respawn) to
+    be ready, as it is when edits are seconds apart."""
     from hotreload.client import Client
 
     server = watch_server(cfg)
@@ -93,6 +98,11 @@ def edit_to_serving(cfg: Path, edits: int) -> list[dict[str, float]]:
         version = client.infer("mlp", x).version
         for k in range(edits):
             time.sleep(0.5)
+            deadline = time.time() + 30
+            while wait_standby and time.time() < deadline:
+                if sum(e["kind"] == "standby_ready" for e in events(cfg)) > k:
+                    break
+                time.sleep(0.05)
             t0 = time.time()
             set_scale(cfg, 2.0 + k)
             while True:
@@ -252,8 +262,13 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="hr-reload-bench-"))
     try:
         part_a = {
-            s: edit_to_serving(make_project(tmp, f"a-{s}", s), args.edits)
-            for s in ("inplace", "respawn")
+            "inplace": edit_to_serving(make_project(tmp, "a-inplace"), args.edits),
+            "respawn": edit_to_serving(
+                make_project(tmp, "a-respawn", "respawn"), args.edits, wait_standby=True
+            ),
+            "respawn, no standby": edit_to_serving(
+                make_project(tmp, "a-respawn-cold", "respawn", standby=False), args.edits
+            ),
         }
         restarts = full_restart(make_project(tmp, "restart"), 3)
         load_s = args.load_ms / 1000
@@ -284,13 +299,13 @@ def main() -> int:
         "swap",
         "overhead",
     )
-    print(f"{'strategy':<10}" + "".join(f"{c:>10}" for c in cols))
+    print(f"{'strategy':<20}" + "".join(f"{c:>10}" for c in cols))
     for strategy, rows in part_a.items():
         med = {c: statistics.median(r[c] for r in rows) * 1000 for c in cols}
-        print(f"{strategy:<10}" + "".join(f"{med[c]:>10.1f}" for c in cols))
+        print(f"{strategy:<20}" + "".join(f"{med[c]:>10.1f}" for c in cols))
     full = statistics.median(restarts) * 1000
     print(
-        f"{'restart':<10}{full:>10.1f}   (fresh `hotreload serve` process until its first answer)"
+        f"{'restart':<20}{full:>10.1f}   (fresh `hotreload serve` process until its first answer)"
     )
     inplace_total = statistics.median(r["total"] for r in part_a["inplace"]) * 1000
     overhead = statistics.median(r["overhead"] for r in part_a["inplace"]) * 1000

@@ -34,6 +34,8 @@ policy = "auto"                      # "availability" (load next, then swap), "r
                                      #   (unload first), "auto" (availability if memory allows)
 strategy = "inplace"                 # "inplace" (re-import in the same worker) or "respawn"
                                      #   (a fresh worker process per reload)
+# standby = true                     # respawn: keep the next worker process started ahead
+                                     #   of time, so a reload only builds the model
 # watch = ["."]                      # folders whose edits reload this model
                                      #   (default: the entry file's folder)
 # ignore = ["data/**", "*.log"]      # globs never reloaded on

@@ -6,8 +6,8 @@ requests, that work takes its share of the CPU (and of the GIL) from every reque
 overlaps it: measured on 2 cores at 32 clients, a 25 ms build made those requests ~35 %
 slower. Pausing after each step, for `factor` times the step's own duration, lets the
 serving thread run at full speed most of the reload, at the cost of a longer reload. The
-pauses happen only while requests are flowing, so a reload on an idle model is as fast
-as ever.
+pauses happen only when the serving thread was busy for most of the step just done, so a
+reload on an idle or lightly used model is as fast as ever.
 """
 
 from __future__ import annotations
@@ -20,31 +20,41 @@ from collections.abc import Callable
 MAX_PAUSE_S = 0.05
 
 
+#: The serving thread busy for more than this share of a step means the requests are
+#: competing with the build; a light poll (a developer's loop) does not slow a reload down.
+BUSY_SHARE = 0.5
+
+
 class Pacer:
     def __init__(
         self,
         factor: float,
-        busy: Callable[[], bool],
+        busy_seconds: Callable[[], float],
         max_pause_s: float = MAX_PAUSE_S,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`busy_seconds()`: the serving thread's total busy time so far (monotonic clock)."""
         self.factor = factor
-        self.busy = busy
+        self.busy_seconds = busy_seconds
         self.max_pause_s = max_pause_s
         self.sleep = sleep
+        self.clock = clock
         #: Seconds spent pausing so far (reported with the phase).
         self.paused_s = 0.0
-        self._mark = time.perf_counter()
+        self._mark = clock()
+        self._busy_mark = busy_seconds()
 
     def step_done(self) -> None:
-        """Call between the steps of a build: pauses when requests are being served."""
-        now = time.perf_counter()
+        """Call between the steps of a build: pauses when serving was busy during the step."""
+        now, busy = self.clock(), self.busy_seconds()
         worked = now - self._mark
-        if self.factor > 0 and worked > 0 and self.busy():
+        share = (busy - self._busy_mark) / worked if worked > 0 else 0.0
+        if self.factor > 0 and worked > 0 and share > BUSY_SHARE:
             pause = min(worked * self.factor, self.max_pause_s)
             self.sleep(pause)
             self.paused_s += pause
-        self._mark = time.perf_counter()
+        self._mark, self._busy_mark = self.clock(), self.busy_seconds()
 
 
 def no_pause() -> None:

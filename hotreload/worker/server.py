@@ -46,8 +46,8 @@ class Worker:
         self.served = 0
         self.failed = 0
         self.busy_since: float | None = None
-        #: When the serving thread last finished a request (build pacing looks at it).
-        self.last_served_at = 0.0
+        #: Seconds the serving thread has spent on requests (build pacing looks at it).
+        self.busy_total = 0.0
         self.process = psutil.Process()
         self.running = True
 
@@ -123,8 +123,8 @@ class Worker:
             self.failed += 1
             raise
         finally:
+            self.busy_total += time.monotonic() - self.busy_since
             self.busy_since = None
-            self.last_served_at = time.monotonic()
         self.served += 1
         self.send(
             {
@@ -180,11 +180,12 @@ class Worker:
 
     def _pacer(self) -> Pacer:
         """Paces a build on the loader thread while this worker's serving thread is busy."""
-        return Pacer(float(self.spec.get("build_pace") or 0.0), self._serving_busy)
+        return Pacer(float(self.spec.get("build_pace") or 0.0), self._serving_busy_seconds)
 
-    def _serving_busy(self) -> bool:
-        # A request running now, or one finished a moment ago (the next is likely queued).
-        return self.busy_since is not None or time.monotonic() - self.last_served_at < 0.05
+    def _serving_busy_seconds(self) -> float:
+        """Total time the serving thread has spent on requests, the one running included."""
+        since = self.busy_since
+        return self.busy_total + (time.monotonic() - since if since is not None else 0.0)
 
     def _code_roots(self) -> list[Any]:
         from pathlib import Path
