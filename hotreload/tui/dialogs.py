@@ -95,25 +95,28 @@ class ResetDialog(ModalScreen[None]):
 
 HELP = """\
 [b]Panels[/b]
-  Models    every model: version, state, policy/strategy, device, last reload
-  Queue     requests waiting now / the limit, 2-minute sparkline, rejected, timed out
-  Latency   p50 / p95 / p99 over the last 60 s, sparkline of p99 (2 minutes)
-  Memory    per GPU used/total and hotreload's share; per model torch allocated and
-            reserved (CPU: worker RSS) and growth since the first load: a leak climbs
-  Reloads   one row per reload, newest first; the selected one is detailed below it,
-            with the error and traceback when it failed
-  Xid       GPU errors from NVML and the kernel log; critical ones in red
+  Models   version, state, policy/strategy, device, last reload
+  Queue    waiting now / limit, 2-minute sparkline, rejected,
+           timed out
+  Latency  p50 / p95 / p99 over 60 s, sparkline of p99
+  Memory   per GPU used/total and hotreload's share; per model
+           torch allocated/reserved (CPU: worker RSS) and growth
+           since the first load: a leak climbs across reloads
+  Reloads  one row per reload, newest first; the selected one is
+           detailed below, with error and traceback if it failed
+  Xid      GPU errors (NVML, kernel log); critical ones in red
 
 [b]Keys[/b]
-  ↑ ↓       select a model (Queue, Latency, Memory follow); tab: next table
-  r / R     reload the selected model / every model
-  w         re-run the selected model's warm-up
-  p         pause or resume the file watcher
-  x         reset the GPU (explains what a reset does; only where allowed)
-  l         start or stop the built-in load generator (a few hundred req/s)
-  ?         this help
-  q         quit: under `hotreload watch`, drain and stop every worker;
-            a `hotreload dashboard` attached from elsewhere only detaches
+  ↑ ↓      select a model (Queue, Latency, Memory follow)
+  tab      next table
+  r / R    reload the selected model / every model
+  w        re-run the selected model's warm-up
+  p        pause or resume the file watcher
+  x        reset the GPU (explains it; only where allowed)
+  l        start or stop the demo load (a few hundred req/s)
+  ?        this help
+  q        quit: under `hotreload watch`, drain and stop every
+           worker; a `hotreload dashboard` only detaches
 """
 
 
