@@ -19,6 +19,8 @@ HEAVY = ("torch", "textual", "pynvml")
         "hotreload.session_call, hotreload.check, hotreload.engine.reload_phases",
         "hotreload.engine.reloader, hotreload.engine.watcher, hotreload.engine.watch",
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
+        "hotreload.engine.dashboard_ops, hotreload.engine.watch_dashboard",
+        "hotreload.dashboard_cmd, hotreload.protocol.frame_protocol",
     ],
 )
 def test_manager_side_imports_no_heavy_module(modules: str) -> None:

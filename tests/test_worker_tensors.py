@@ -38,3 +38,13 @@ def test_a_payload_of_the_wrong_length_is_refused() -> None:
     metas, _ = encode_tensors({"x": np.ones(4, np.float32)})
     with pytest.raises(ValueError, match="payload length"):
         request_tensors(metas, memoryview(bytearray(8)))  # type: ignore[arg-type]
+
+
+def test_a_payload_at_an_odd_address_gives_aligned_tensors() -> None:
+    # The payload follows a JSON header of any length: its first byte may sit anywhere.
+    x = np.arange(6, dtype=np.float64)
+    metas, blobs = encode_tensors({"x": x})
+    body = bytearray(b"\x00" * 3 + bytes(blobs[0]))
+    out = request_tensors(metas, memoryview(body)[3:])  # type: ignore[arg-type]
+    assert out["x"].data_ptr() % out["x"].element_size() == 0
+    assert out["x"].tolist() == x.tolist()

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: How many past events a new subscriber gets first (bring-up, the last reloads).
 REPLAY_EVENTS = 200
+#: Reloads per sample: the panel shows the newest; a long session's history stays home.
+MAX_RELOADS = 100
 #: Workers are asked for RSS and allocator figures at most this often for the dashboard;
 #: router figures are always fresh. Each worker status costs its serving thread a moment.
 WORKER_STATUS_MAX_AGE_S = 2.0
@@ -61,8 +63,9 @@ def register(ws: WatchSession) -> None:
         status = await session.status(worker_max_age_s=WORKER_STATUS_MAX_AGE_S)
         tel = session.telemetry
         reloads = sorted(
-            (o for r in session.reloaders.values() for o in r.history), key=lambda o: o.started_at
-        )
+            (o for r in session.reloaders.values() for o in r.history[-MAX_RELOADS:]),
+            key=lambda o: o.started_at,
+        )[-MAX_RELOADS:]
         snapshot = session.gpu_snapshot
         return {
             "ok": True,

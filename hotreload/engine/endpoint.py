@@ -152,7 +152,7 @@ class Endpoint:
             if conn.is_closing():
                 return False
             if conn.write_buffer_size() > MAX_STREAM_BACKLOG_BYTES:
-                conn.close()  # a subscriber that stopped reading must not grow our memory
+                conn.abort()  # a subscriber that stopped reading must not grow our memory
                 return False
             header["id"] = rid
             return conn.write(pack_frame(header))

@@ -53,6 +53,8 @@ class VersionInfo:
 
 #: Niceness of a standby worker's start-up (imports): it takes spare CPU only.
 STANDBY_NICE = 10
+#: A standby's start deadline, in units of `deadlines.start_s`.
+STANDBY_START_FACTOR = 10
 
 
 class BringUpError(Exception):
@@ -138,8 +140,10 @@ class ModelHost:
         worker = WorkerProcess(
             self.model, self.config, self.generation, code, boot_nice=STANDBY_NICE if standby else 0
         )
+        # A standby imports at idle priority on cores busy serving: give it time.
+        deadline = self.model.deadlines.start_s * (STANDBY_START_FACTOR if standby else 1)
         try:
-            await worker.start(self.model.deadlines.start_s)
+            await worker.start(deadline)
         except (WorkerDied, WorkerReplyError) as exc:
             await worker.kill()
             raise BringUpError("start", f"worker failed to start: {exc}") from exc

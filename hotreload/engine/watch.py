@@ -78,6 +78,8 @@ class WatchSession:
             await self.session.start()
         except BringUpError as exc:
             self.start_error = {"phase": exc.phase, "error": str(exc)}
+        except Exception as exc:  # spawning failed (EMFILE, ENOMEM), or a bug of ours
+            self.start_error = {"phase": "start", "error": repr(exc)}
         await self.watcher.start()
         self.start_state = "started" if self.start_error is None else "failed"
 

@@ -179,6 +179,11 @@ class FrameProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abort(self) -> None:
+        """Close now, dropping what is unsent (a peer that stopped reading)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     def _wake_drainers(self, exc: Exception | None) -> None:
         while self._drain_waiters:
             fut = self._drain_waiters.popleft()

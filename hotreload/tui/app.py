@@ -205,13 +205,12 @@ class DashboardApp(App[int]):
         kind, m = e.get("kind"), e.get("model", "")
         if e.get("replayed"):
             return  # history from before this dashboard attached: shown in panels, not popped
-        if kind in ("session_stopped", "session_lost") and not self._quitting:
+        if kind in ("session_stopping", "session_lost") and not self._quitting:
             # Stopped from elsewhere (SIGTERM, another terminal): nothing left to show.
-            self.exit_message = (
-                "the session stopped" if kind == "session_stopped" else "lost the session"
-            )
+            clean = kind == "session_stopping"
+            self.exit_message = "the session stopped" if clean else "lost the session"
             self._quitting = True
-            self.exit(return_code=EXIT_OK if kind == "session_stopped" else EXIT_ENVIRONMENT)
+            self.exit(return_code=EXIT_OK if clean else EXIT_ENVIRONMENT)
             return
         if kind == "config_error":
             self.notify(str(e.get("error")), title="config error", severity="error", timeout=10)

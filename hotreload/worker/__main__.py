@@ -38,6 +38,10 @@ def _import_at_low_priority(nice: int) -> None:
     keep normal priority, which an unprivileged process could not get back."""
     import threading
 
+    # Libraries that start thread pools when imported (numpy's OpenBLAS) are imported here
+    # first: threads created by the idle thread would stay idle for the process's life.
+    import numpy  # noqa: F401
+
     def boot() -> None:
         tid = threading.get_native_id()
         try:

@@ -453,6 +453,10 @@ def request_tensors(
         n, dtype = m["nbytes"], TORCH_DTYPES[m["dtype"]]
         if n:
             t = torch.frombuffer(view[offset : offset + n], dtype=dtype).reshape(m["shape"])
+            if t.data_ptr() % t.element_size():
+                # The payload follows a JSON header of any length: a typed view at an odd
+                # address is undefined behaviour for ATen's loads. An aligned copy instead.
+                t = t.clone()
         else:
             t = torch.empty(m["shape"], dtype=dtype)
         out[m["name"]] = t

@@ -183,6 +183,25 @@ def test_attaching_to_a_serve_session_says_what_to_run(
     assert "hotreload watch" in (app.exit_message or "")
 
 
+def test_an_attached_dashboard_leaves_cleanly_when_the_session_stops(
+    watching: ServeProcess,
+) -> None:
+    source = RemoteSource(resolve_socket(watching.config, None))
+    app = build_app(source, refresh_s=0.1, owner=False)
+
+    async def main() -> None:
+        try:
+            async with app.run_test(size=(120, 36)) as pilot:
+                await until(pilot, lambda: model(app).get("state") == "serving", "v1 serving")
+                await asyncio.to_thread(watching.stop)
+                await until(pilot, lambda: app.return_code is not None, "the app to leave")
+        finally:
+            await source.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 100))
+    assert app.return_code == 0 and app.exit_message == "the session stopped"
+
+
 class PtyWatch:
     """`hotreload watch` with a pseudo-terminal (120x36) as its terminal, as a user runs it."""
 
