@@ -6,6 +6,7 @@ Benchmarks print figures and ratios measured side by side in one run; they are n
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -182,3 +183,16 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+
+
+def read_events(project: Path) -> list[dict[str, Any]]:
+    """The session's `.hotreload/events.jsonl` in `project` (a line being written is skipped)."""
+    path = project / ".hotreload" / "events.jsonl"
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import REPO, Server, percentile
+from common import REPO, Server, percentile, read_events
 
 #: Run as `http_reload.py --serve-session CONFIG PORT`: a session with its HTTP endpoint,
 #: for engines whose `hotreload serve` has no `--http` yet.
@@ -277,7 +276,7 @@ def run_once(
             p.join(30)
     finally:
         server.stop()
-        standby_ready = _event_times(proj / ".hotreload" / "events.jsonl", "standby_ready")
+        standby_ready = [e["ts"] for e in read_events(proj) if e["kind"] == "standby_ready"]
         shutil.rmtree(tmp, ignore_errors=True)
     samples.sort()
     standby_starts = []
@@ -289,17 +288,6 @@ def run_once(
         replies = [t + lat / 1000 for t, lat, v in samples if v >= rl.version and t >= rl.edit_at]
         rl.first_new_at = min(replies) if replies else None
     return RunResult(clients, sent, samples, failures, reloads, server.lines, standby_starts)
-
-
-def _event_times(path: Path, kind: str) -> list[float]:
-    times = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                e = json.loads(line)
-                if e.get("kind") == kind:
-                    times.append(float(e["ts"]))
-    return times
 
 
 def report(r: RunResult, trigger: str) -> None:

@@ -14,7 +14,6 @@ B. 32 concurrent clients sending continuously through 20 reloads: failed request
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import REPO, LoadResult, Server, drive, percentile
+from common import REPO, LoadResult, Server, drive, percentile, read_events
 
 PY = sys.executable
 
@@ -66,14 +65,7 @@ def set_scale(cfg: Path, value: float) -> None:
 
 
 def events(cfg: Path) -> list[dict[str, Any]]:
-    path = cfg.parent / ".hotreload" / "events.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return read_events(cfg.parent)
 
 
 def watch_server(cfg: Path) -> Server:

@@ -17,7 +17,7 @@ from hotreload import Client
 from hotreload.config import load_config
 from hotreload.engine.reloader import ReloadOutcome
 from hotreload.engine.session import Session
-from tests.support import make_project, read_events, wait_until
+from tests.support import ServeProcess, make_project, read_events, wait_until
 
 X = np.random.default_rng(5).standard_normal((1, 64), dtype=np.float32)
 
@@ -38,6 +38,20 @@ def set_policy(config: Path, policy: str, strategy: str = "inplace") -> None:
     config.write_text(text.replace('strategy = "inplace"', f'strategy = "{strategy}"'))
 
 
+def assert_one_worker_serves_v2(
+    session: ServeProcess, client: Client, pid: int, expected: np.ndarray
+) -> None:
+    """Worker `pid` is the only one left, and v2 answers as v1 did."""
+    wait_until(
+        lambda: live_workers(session.worker_pids()) == [pid],
+        30,
+        what=f"only worker {pid} (have {session.worker_pids()})",
+    )
+    out, version, _ = client.infer("mlp", X)
+    assert version == 2
+    np.testing.assert_array_equal(out, expected)
+
+
 def test_reload_asked_for_while_the_worker_restarts_leaves_one_worker(project: Path, serve) -> None:
     session = serve(project)
     client = Client(config=project, timeout_s=120)
@@ -49,14 +63,7 @@ def test_reload_asked_for_while_the_worker_restarts_leaves_one_worker(project: P
     status = client.status()["models"][0]
     assert status["state"] == "serving" and status["restarts"] == 1
     # One worker: the reload waited for the restart instead of starting a second one.
-    wait_until(
-        lambda: live_workers(session.worker_pids()) == [status["pid"]],
-        30,
-        what=f"only worker {status['pid']} (have {session.worker_pids()})",
-    )
-    out, version, _ = client.infer("mlp", X)
-    assert version == 2
-    np.testing.assert_array_equal(out, expected)
+    assert_one_worker_serves_v2(session, client, status["pid"], expected)
 
 
 def test_worker_dying_in_a_resource_reload_is_restarted_and_the_reload_names_the_phase(
@@ -145,14 +152,7 @@ def test_old_worker_dying_while_a_respawn_builds_the_new_one(tmp_path: Path, ser
     assert outcome["ok"] is True and outcome["version"] == 2, outcome
     status = client.status()["models"][0]
     assert status["pid"] != old_pid and status["state"] == "serving"
-    wait_until(
-        lambda: live_workers(session.worker_pids()) == [status["pid"]],
-        30,
-        what=f"only worker {status['pid']} (have {session.worker_pids()})",
-    )
-    out, version, _ = client.infer("mlp", X)
-    assert version == 2
-    np.testing.assert_array_equal(out, expected)
+    assert_one_worker_serves_v2(session, client, status["pid"], expected)
 
 
 def test_stop_during_a_reload_answers_every_waiting_caller(tmp_path: Path) -> None:

@@ -96,17 +96,18 @@ class WatchSession:
         """Whether GPU `index` may be reset now (`ResetDecision`). Blocking: a thread."""
         from hotreload.gpu.reset import check_reset
 
-        xids = list(self.session.telemetry.xids)
-        allow = self.config.gpu.reset != "never"
-        return check_reset(index, self._pids_on(index), xids, allow=allow)
+        return check_reset(*self._reset_args(index))
 
     def reset(self, index: int) -> Any:
         """Reset GPU `index` where allowed (`ResetResult`). Blocking: a thread."""
         from hotreload.gpu.reset import reset_gpu
 
+        return reset_gpu(*self._reset_args(index))
+
+    def _reset_args(self, index: int) -> tuple[int, list[int], list[Any], bool]:
+        """(index, our worker pids on it, Xid history, allowed by the config)."""
         xids = list(self.session.telemetry.xids)
-        allow = self.config.gpu.reset != "never"
-        return reset_gpu(index, self._pids_on(index), xids, allow=allow)
+        return index, self._pids_on(index), xids, self.config.gpu.reset != "never"
 
     async def stop(self) -> None:
         await self.watcher.stop()

@@ -121,7 +121,6 @@ async def watch_with_dashboard(ws: WatchSession) -> int:
                     code = child.returncode if child.returncode > 0 else EXIT_FAILURE
                     if child.returncode < 0:
                         _restore_terminal(terminal)  # it died by a signal, screen as it was
-                await _stop_child(child, terminal)
                 if not starting.done():
                     starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -129,7 +128,7 @@ async def watch_with_dashboard(ws: WatchSession) -> int:
         finally:
             os.close(log_fd)
             if child is not None:
-                await _stop_child(child, terminal)  # after an error above: never orphaned
+                await _stop_child(child, terminal)  # asked to stop, or an error above
         if code != EXIT_OK:
             _say(
                 f"hotreload: the dashboard exited with code {child.returncode if child else '?'}"

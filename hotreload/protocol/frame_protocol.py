@@ -102,7 +102,6 @@ class FrameProtocol(asyncio.Protocol):
         self.on_open = on_open
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._broken = False
         self._paused = False
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
@@ -114,8 +113,8 @@ class FrameProtocol(asyncio.Protocol):
             self.on_open(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._broken:
-            return
+        if self.parser.error is not None:
+            return  # reported once already; nothing after a broken frame can be read
         try:
             frames = self.parser.feed(data)
         except Exception:
@@ -126,7 +125,6 @@ class FrameProtocol(asyncio.Protocol):
             self.on_frame(frame)
         if self.parser.error is not None and not self.closed:
             # ProtocolError: report once (after the frames before it), then ignore the rest.
-            self._broken = True
             if self.on_error is not None:
                 self.on_error(self.parser.error)
             else:

@@ -28,8 +28,7 @@ from hotreload.tui.dialogs import HelpScreen, ResetDialog
 from hotreload.tui.loadgen import LoadGenerator
 from hotreload.tui.messages import ActionDone, EngineEvent, Sampled, SessionStarted
 from hotreload.tui.source import DashboardSource, reset_target
-from hotreload.tui.state import DashboardState
-from hotreload.tui.state import activity as state_activity
+from hotreload.tui.state import DashboardState, activity
 from hotreload.tui.widgets import Panel, RowsTable, StatusLine
 
 #: Default time between samples.
@@ -160,12 +159,12 @@ class DashboardApp(App[int]):
                 points = max(1, min(8, round((now - last_at) / self.refresh_s)))
                 last_at = now
                 self.post_message(Sampled(sample, points))
-                activity = state_activity(sample)
-                if activity == last_activity and self.load is None:
+                now_activity = activity(sample)
+                if now_activity == last_activity and self.load is None:
                     # Nothing moved: sample less often. An engine event (a reload, a state
                     # change, an Xid) still wakes the loop at once.
                     wait = max(self.refresh_s, IDLE_REFRESH_S)
-                last_activity = activity
+                last_activity = now_activity
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)

@@ -9,7 +9,6 @@ session's client socket (`hotreload.engine.dashboard_ops`): one `events` subscri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -166,8 +165,3 @@ class RemoteSource:
 
     def load_targets(self) -> tuple[str, dict[str, tuple[str, list[dict[str, Any]]]]]:
         return str(self.socket_path), dict(self._inputs)
-
-
-async def close_quietly(source: RemoteSource) -> None:
-    with contextlib.suppress(Exception):
-        await source.stop()
