@@ -111,6 +111,10 @@ class ModelConfig:
     #: strategy "respawn": keep the next worker process started ahead of time (torch
     #: imported, idle, at low priority while it starts), so a reload only builds the model.
     standby: bool = True
+    #: strategy "respawn" with a standby: a retired worker whose streams synced idle becomes
+    #: the next standby (its models dropped) up to this many times, so no reload pays for a
+    #: fresh process and its imports; then a fresh process. 0: always a fresh process.
+    recycle: int = 20
     #: Output signature a user pins: {"shape": [...], "dtype": "float32"}; None = learn it.
     expected_output: Mapping[str, Any] | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
@@ -337,6 +341,7 @@ _MODEL_KEYS = (
     "allow_output_change",
     "build_pace",
     "standby",
+    "recycle",
     "expected_output",
     "deadlines",
 )
@@ -572,6 +577,7 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         build_pace=m.number("build_pace", 3.0, minimum=0.0, what="a factor (0 = never pause)")
         or 0.0,
         standby=m.get("standby", bool, True, "true or false"),
+        recycle=m.integer("recycle", 20, minimum=0, maximum=1_000_000),
         expected_output=expected,
         deadlines=deadlines,
     )

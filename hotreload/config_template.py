@@ -36,6 +36,8 @@ strategy = "inplace"                 # "inplace" (re-import in the same worker) 
                                      #   (a fresh worker process per reload)
 # standby = true                     # respawn: keep the next worker process started ahead
                                      #   of time, so a reload only builds the model
+# recycle = 20                       # respawn: the retired worker (streams synced idle)
+                                     #   becomes the next standby this many times; 0 = never
 # watch = ["."]                      # folders whose edits reload this model
                                      #   (default: the entry file's folder)
 # ignore = ["data/**", "*.log"]      # globs never reloaded on

@@ -22,6 +22,13 @@ from tests.support import count_events, make_project, read_events, wait_until
 X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
 
 
+def reloaded(client: Client) -> dict:
+    """Reload the model; the outcome, which must be a success."""
+    outcome = client.reload("mlp")["outcomes"][0]
+    assert outcome["ok"], outcome
+    return outcome
+
+
 def set_scale(config: Path, value: float) -> None:
     path = config.parent / "model.py"
     text = path.read_text()
@@ -109,11 +116,11 @@ def test_a_build_pauses_for_requests_being_served_and_never_on_an_idle_model(
 ) -> None:
     serve(project)
     client = Client(config=project, timeout_s=60)
-    assert client.reload("mlp")["ok"]
+    assert reloaded(client)
     traffic = Traffic(project)
     try:
         wait_until(lambda: len(traffic.results) > 20, 30, what="steady traffic")
-        assert client.reload("mlp")["ok"]
+        assert reloaded(client)
     finally:
         traffic.stop()
     assert traffic.failures == []
@@ -332,42 +339,176 @@ def test_policies_and_strategies(tmp_path: Path, serve, policy: str, strategy: s
         assert list(done["phases"])[:4] == ["gate", "drain", "sync", "release"]
 
 
-@pytest.mark.parametrize("standby", [True, False])
-def test_respawn_builds_in_a_standby_worker_started_ahead_of_time(
-    tmp_path: Path, serve, standby: bool
-) -> None:
+@pytest.mark.parametrize("mode", ["recycle", "fresh", "none"])
+def test_respawn_builds_in_a_standby_worker(tmp_path: Path, serve, mode: str) -> None:
+    """recycle (the default): the retired worker becomes the next standby, so two processes
+    take turns; fresh (`recycle = 0`): a new standby starts after every reload; none
+    (`standby = false`): every reload spawns its worker."""
     config = make_project(tmp_path)
-    strategy = 'strategy = "respawn"' + ("" if standby else "\nstandby = false")
-    config.write_text(config.read_text().replace('strategy = "inplace"', strategy))
+    extra = {"recycle": "", "fresh": "\nrecycle = 0", "none": "\nstandby = false"}[mode]
+    text = config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"' + extra)
+    config.write_text(text)
     proc = serve(config)
     client = Client(config=config, timeout_s=60)
 
-    def standby_pids() -> list[int]:
-        return [e["pid"] for e in read_events(config) if e["kind"] == "standby_ready"]
+    def standbys() -> list[dict]:
+        return [e for e in read_events(config) if e["kind"] == "standby_ready"]
 
-    if standby:
-        wait_until(lambda: len(standby_pids()) == 1, 60, what="the first standby worker")
-    serving = client.status()["models"][0]["pid"]
-    for version in (2, 3):
-        assert client.reload("mlp")["ok"]
+    if mode != "none":
+        wait_until(lambda: len(standbys()) == 1, 60, what="the first standby worker")
+    base = client.infer("mlp", X).output
+    first = serving = client.status()["models"][0]["pid"]
+    for version in (2, 3, 4):
+        # New code each time: a recycled worker must re-import it, not keep what it ran.
+        set_scale(config, float(version))
+        assert reloaded(client)
         now = client.status()["models"][0]
-        assert now["version"] == version and now["pid"] != serving
+        out, answered_by, _ = client.infer("mlp", X)
+        assert now["version"] == answered_by == version and now["pid"] != serving
+        np.testing.assert_allclose(out, base * version, rtol=1e-5)
         spawn = [
             e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "spawn"
         ][-1]
-        if standby:
-            # The reload took the standby; a new one starts once it is done.
-            assert now["pid"] == standby_pids()[version - 2]
-            assert "started ahead of time" in spawn["detail"]
-            wait_until(lambda v=version: len(standby_pids()) == v, 60, what="the next standby")
+        if mode == "recycle":
+            # Taken: the standby; kept: the worker that served until now.
+            assert now["pid"] == standbys()[version - 2]["pid"]
+            kept = standbys()[version - 1]
+            assert kept["pid"] == serving and kept["recycled"] == (version - 1 + 1) // 2
+            assert psutil.Process(serving).status() != "zombie"
+            assert ("recycled" in spawn["detail"]) == (version > 2)
+            if version == 3:
+                assert now["pid"] == first  # the first worker serves again
         else:
-            assert "ahead" not in spawn["detail"] and standby_pids() == []
-        assert not psutil.pid_exists(serving) or psutil.Process(serving).status() == "zombie"
+            if mode == "fresh":
+                assert now["pid"] == standbys()[version - 2]["pid"]
+                assert "started ahead of time" in spawn["detail"]
+                wait_until(lambda v=version: len(standbys()) == v, 60, what="the next standby")
+                assert not any(e.get("recycled") for e in standbys())
+            else:
+                assert "ahead" not in spawn["detail"] and standbys() == []
+            gone = not psutil.pid_exists(serving) or psutil.Process(serving).status() == "zombie"
+            assert gone, "the retired worker was stopped"
         serving = now["pid"]
     kids = proc.worker_pids()
-    assert len(kids) == (2 if standby else 1)  # the serving worker (and the next standby)
+    assert len(kids) == (1 if mode == "none" else 2)  # the serving worker (and the standby)
     assert proc.stop() == 0
     assert not [p for p in kids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_a_recycled_standby_that_fails_a_build_is_replaced_by_a_fresh_one(
+    tmp_path: Path, serve
+) -> None:
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
+    serve(config)
+    client = Client(config=config, timeout_s=60)
+    wait_until(lambda: count_events(config, "standby_ready") == 1, 60, what="the standby")
+    first = client.status()["models"][0]["pid"]
+    set_scale(config, 2.0)
+    assert reloaded(client)  # the first worker is now the (recycled) standby
+    model = config.parent / "model.py"
+    good = model.read_text()
+    model.write_text(good + "\ndef build():\n    raise RuntimeError('broken edit')\n")
+    outcome = client.reload("mlp")["outcomes"][0]
+    assert not outcome["ok"] and "broken edit" in outcome["error"]
+    assert client.infer("mlp", X).version == 2  # the old version serves on
+    wait_until(lambda: not psutil.pid_exists(first), 30, what="the failed standby to go")
+    wait_until(lambda: count_events(config, "standby_ready") == 3, 60, what="a fresh standby")
+    model.write_text(good)
+    assert reloaded(client)
+    assert client.infer("mlp", X).version == 3
+
+
+HELD_FORWARD = """
+import pathlib
+import time
+
+import model_base
+
+HOLD = True
+GATE = pathlib.Path(__file__).with_name("hold")
+
+
+def build():
+    m = model_base.build()
+    forward = m.forward
+
+    def held(x):
+        until = time.monotonic() + 30
+        while HOLD and GATE.exists() and time.monotonic() < until:
+            time.sleep(0.01)
+        return forward(x)
+
+    m.forward = held
+    return m
+
+
+example_input = model_base.example_input
+"""
+
+
+def test_respawn_hands_over_while_the_old_worker_finishes_its_requests(
+    tmp_path: Path, serve
+) -> None:
+    """No gate closes: requests sent after the swap are answered by the new worker while
+    the old one still holds requests sent before it, and those finish there."""
+    config = make_project(tmp_path)
+    folder = config.parent
+    (folder / "model.py").rename(folder / "model_base.py")
+    (folder / "model.py").write_text(HELD_FORWARD)
+    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
+    serve(config)
+    client = Client(config=config, timeout_s=60)
+    wait_until(lambda: count_events(config, "standby_ready") == 1, 60, what="the standby")
+    (folder / "hold").write_text("")
+    held: list[int] = []
+
+    def send_held() -> None:
+        held.append(Client(config=config, timeout_s=60).infer("mlp", X).version)
+
+    threads = [threading.Thread(target=send_held) for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: client.status()["models"][0]["inflight"] == 2, 30, what="held requests")
+    (folder / "model.py").write_text(HELD_FORWARD.replace("HOLD = True", "HOLD = False"))
+    outcomes: list[dict] = []
+    reload = threading.Thread(target=lambda: outcomes.append(reloaded(client)))
+    reload.start()
+    try:
+        wait_until(
+            lambda: count_events(config, "phase_end", phase="swap") == 1, 60, what="the swap"
+        )
+        assert client.infer("mlp", X).version == 2  # not queued behind the held ones
+        assert held == [] and all(t.is_alive() for t in threads)
+        assert reload.is_alive()  # still draining the old worker
+    finally:
+        (folder / "hold").unlink()
+        for t in [*threads, reload]:
+            t.join(60)
+    assert held == [1, 1]
+    phases = list(outcomes[0]["phases"])
+    assert "gate" not in phases and phases.index("swap") < phases.index("drain")
+    drain = [e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "drain"]
+    assert drain[-1]["ok"] and "2 request(s) finished on the old worker" in drain[-1]["detail"]
+
+
+def test_an_edit_in_the_same_second_with_the_same_length_is_loaded(tmp_path: Path, serve) -> None:
+    """A .pyc is trusted on the source's mtime in whole seconds and its size: user code is
+    compiled from source instead, or this reload would serve the previous code."""
+    config = make_project(tmp_path)
+    serve(config, env={"PYTHONDONTWRITEBYTECODE": ""})  # .pyc files written, as for users
+    client = Client(config=config, timeout_s=60)
+    base = client.infer("mlp", X).output
+    model = config.parent / "model.py"
+    set_scale(config, 2.0)
+    stamp = model.stat().st_mtime_ns
+    assert reloaded(client)
+    set_scale(config, 3.0)
+    os.utime(model, ns=(stamp, stamp))  # saved within the same second
+    assert reloaded(client)
+    out, version, _ = client.infer("mlp", X)
+    assert version == 3
+    np.testing.assert_allclose(out, base * 3.0, rtol=1e-5)
 
 
 SLOW_BUILD = """

@@ -222,10 +222,17 @@ class ModelHost:
         self._install(worker, info)
         self.ensure_watchdog()
 
-    def _install(self, worker: WorkerProcess, info: VersionInfo, *, announce: bool = True) -> None:
-        """Make `worker` serving `info` the live one and open the gate."""
+    def _install(
+        self,
+        worker: WorkerProcess,
+        info: VersionInfo,
+        *,
+        announce: bool = True,
+        handover: bool = False,
+    ) -> None:
+        """Make `worker` serving `info` the live one and open the gate. With `handover`,
+        requests in flight on the previous worker finish there (see ModelRouter.handover)."""
         self.worker = worker
-        self.router.worker = worker
         self.current = info
         # Requests are checked against the serving version's inputs, switched at the swap.
         self.router.input_form, self.router.input_signature = info.input_form, info.inputs
@@ -240,7 +247,11 @@ class ModelHost:
                 load_s=info.load_s,
                 warm_s=info.warm_s,
             )
-        self.router.open_gate()
+        if handover:
+            self.router.handover(worker)
+        else:
+            self.router.worker = worker
+            self.router.open_gate()
 
     # ------------------------------------------------------------------ failure handling
 

@@ -92,7 +92,10 @@ class ReloadPhases:
         if configured != "auto":
             return configured, "set in the config"
         need = host.current.footprint_bytes if host.current else 0
-        status = await host.worker_status()
+        # Only a GPU worker reports device memory; asking a CPU one costs its serving thread
+        # a moment of the GIL for nothing.
+        on_cpu = host.worker is not None and host.worker.device == "cpu"
+        status = {} if on_cpu else await host.worker_status()
         memory = status.get("device_memory")
         if memory:
             free, where = int(memory["free_bytes"]), f"{host.worker.device if host.worker else ''}"
@@ -104,10 +107,12 @@ class ReloadPhases:
             return "availability", f"auto: {figures}: load next to the old version"
         return "resource", f"auto: {figures} (+{margin / MIB:.0f} MiB margin): unload first"
 
-    def _load_fields(self, job: ReloadJob) -> dict[str, Any]:
+    def _load_fields(self, job: ReloadJob, worker: WorkerProcess) -> dict[str, Any]:
         # Always load from the live files: a worker restarted on a snapshot goes back to them.
         return {
-            "reimport": not job.weights_only,
+            # A recycled standby still holds the code of the version before last: re-import
+            # even for a weights-only change.
+            "reimport": not job.weights_only or worker.recycled > 0,
             "code": code_paths(self.host.model, self.host.config.root),
         }
 
@@ -124,28 +129,38 @@ class ReloadPhases:
         info = VersionInfo(version=version)
         previous = self.host.current.outputs if self.host.current else None
 
+        def pace() -> dict[str, Any]:
+            # A build in another process (respawn) competes with the requests for the CPU
+            # only: the worker paces it while any are being served (build_pace).
+            router = self.host.router
+            busy = worker is not self.host.worker and bool(router.inflight or router.depth)
+            return {"serving_elsewhere": busy}
+
         async def load() -> dict[str, Any]:
-            r = await worker.request("load", None, version=version, **self._load_fields(job))
+            fields = self._load_fields(job, worker)
+            r = await worker.request("load", None, version=version, **fields, **pace())
             info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
             info.inputs, info.input_form = r["inputs"], r["input_form"]
             what = (
-                "weights only"
-                if job.weights_only
-                else f"{r.get('reimported', 0)} module(s) re-imported"
+                f"{r.get('reimported', 0)} module(s) re-imported"
+                if fields["reimport"]
+                else "weights only"
             )
             detail = f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{_paced(r)}"
             return {"detail": detail}
 
         async def warm() -> dict[str, Any]:
             r = await worker.request(
-                "warm", None, target="staged", iters=self.host.model.warmup_iters
+                "warm", None, target="staged", iters=self.host.model.warmup_iters, **pace()
             )
             info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
             passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
             return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms{_paced(r)}"}
 
         async def smoke() -> dict[str, Any]:
-            r = await worker.request("smoke", None, target="staged", previous_outputs=previous)
+            r = await worker.request(
+                "smoke", None, target="staged", previous_outputs=previous, **pace()
+            )
             info.outputs = r["outputs"]
             sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
             return {"detail": sig + _paced(r)}
@@ -174,21 +189,23 @@ class ReloadPhases:
                 )
             return {"detail": f"{n} in flight, {host.router.depth} waiting in the queue"}
 
-        async def sync() -> dict[str, Any]:
-            r = await worker.request("sync", d.sync_s + 5.0, which="current", deadline_s=d.sync_s)
-            if r.get("skipped"):
-                return {"skipped": True, "reason": r.get("reason")}
-            if not r.get("idle"):
-                busy = ", ".join(r.get("busy") or []) or "?"
-                raise Wedged(
-                    "sync", f"stream(s) still busy after the {d.sync_s:g} s sync deadline: {busy}"
-                )
-            n, ms = len(r.get("streams", [])), r["waited_s"] * 1000
-            return {"detail": f"{n} stream(s) idle in {ms:.1f} ms"}
-
         await self._phase("gate", outcome, gate, state="draining")
         await self._phase("drain", outcome, drain)
-        await self._phase("sync", outcome, sync)
+        await self._phase("sync", outcome, lambda: self._sync_old(worker))
+
+    async def _sync_old(self, worker: WorkerProcess) -> dict[str, Any]:
+        """Wait, to the sync deadline, for the serving version's streams on `worker`."""
+        d = self.host.model.deadlines
+        r = await worker.request("sync", d.sync_s + 5.0, which="current", deadline_s=d.sync_s)
+        if r.get("skipped"):
+            return {"skipped": True, "reason": r.get("reason")}
+        if not r.get("idle"):
+            busy = ", ".join(r.get("busy") or []) or "?"
+            raise Wedged(
+                "sync", f"stream(s) still busy after the {d.sync_s:g} s sync deadline: {busy}"
+            )
+        n, ms = len(r.get("streams", [])), r["waited_s"] * 1000
+        return {"detail": f"{n} stream(s) idle in {ms:.1f} ms"}
 
     async def _resume(self, outcome: ReloadOutcome) -> None:
         async def resume() -> None:
@@ -326,6 +343,10 @@ class ReloadPhases:
         """A worker started ahead of time, if there is one (the Reloader keeps it)."""
         return None
 
+    async def _recycle(self, old: WorkerProcess) -> str | None:
+        """Keep a retired worker as the next standby; says how, or None to stop it."""
+        return None
+
     async def _spawn_and_build(
         self, job: ReloadJob, outcome: ReloadOutcome, version: int, *, cold: bool
     ) -> tuple[WorkerProcess, VersionInfo]:
@@ -336,7 +357,12 @@ class ReloadPhases:
             standby = await self._take_standby()
             if standby is not None:
                 box.append(standby)
-                return {"detail": f"standby worker pid {standby.pid}, started ahead of time"}
+                how = (
+                    f"recycled after serving (reuse {standby.recycled})"
+                    if standby.recycled
+                    else "started ahead of time"
+                )
+                return {"detail": f"standby worker pid {standby.pid}, {how}"}
             worker = await host.spawn_worker(code_paths(host.model, host.config.root))
             box.append(worker)
             return {"detail": f"worker pid {worker.pid}"}
@@ -368,49 +394,84 @@ class ReloadPhases:
         old = host.worker
         assert old is not None
         version = host.version + 1
-        old_gone: str | None = None
-        if outcome.policy == "resource":
-            await self._gate_drain_sync(old, outcome)
-            await self._offload_old(old, outcome)
-            try:
-                new, info = await self._spawn_and_build(job, outcome, version, cold=False)
-            except PhaseFailed:
-                await self._restore_old(old)
-                raise
-        else:
+        if outcome.policy != "resource":
             new, info = await self._spawn_and_build(job, outcome, version, cold=False)
-            try:
-                await self._gate_drain_sync(old, outcome)
-            except PhaseFailed as exc:
-                if not isinstance(exc, Wedged) and old.alive:
-                    await new.kill()
-                    raise
-                # The new worker is ready: abandon a wedged or dead old one, no rollback.
-                old_gone = "wedged" if isinstance(exc, Wedged) else "died"
-                self.events.emit(
-                    "wedged" if old_gone == "wedged" else "worker_lost",
-                    model=host.name,
-                    phase=exc.phase,
-                    detail=f"{exc}; old worker abandoned",
-                )
-                outcome.detail.append(f"old worker {old_gone} in {exc.phase}: abandoned")
-            except BaseException:
-                await new.kill()
-                raise
+            await self._handover(old, new, info, outcome)
+            return
+        await self._gate_drain_sync(old, outcome)
+        await self._offload_old(old, outcome)
+        try:
+            new, info = await self._spawn_and_build(job, outcome, version, cold=False)
+        except PhaseFailed:
+            await self._restore_old(old)
+            raise
 
         async def swap() -> None:
-            host.worker = new
             host._install(new, info, announce=False)
             host.router.close_gate()  # reopened by resume
 
         await self._phase("swap", outcome, swap)
         await self._resume(outcome)
+        await self._release_old(old, outcome, None)
+
+    async def _handover(
+        self, old: WorkerProcess, new: WorkerProcess, info: VersionInfo, outcome: ReloadOutcome
+    ) -> None:
+        """Two processes, both versions resident: the new worker takes requests at once and
+        the old one finishes its own in flight, then has its streams synced to the deadline
+        and is released. No request waits behind a closed gate, and nothing rolls back: the
+        new version is built, warm and smoke-tested, and a drain or sync that fails only
+        means the old worker is killed (its requests are retried on the new one)."""
+        host, d = self.host, self.host.model.deadlines
+
+        async def swap() -> dict[str, Any]:
+            host._install(new, info, announce=False, handover=True)
+            return {
+                "detail": f"new requests go to worker pid {new.pid}; "
+                f"{host.router.draining} still in flight on pid {old.pid}"
+            }
+
+        async def drain() -> dict[str, Any]:
+            n = host.router.draining
+            if not await host.router.drain_previous(d.drain_s):
+                raise Wedged(
+                    "drain",
+                    f"{host.router.draining} request(s) still running on the old worker after "
+                    f"the {d.drain_s:g} s drain deadline: a forward is hung",
+                )
+            return {"detail": f"{n} request(s) finished on the old worker"}
+
+        await self._phase("swap", outcome, swap)
+        old_gone: str | None = None
+        try:
+            await self._phase("drain", outcome, drain)
+            await self._phase("sync", outcome, lambda: self._sync_old(old))
+        except PhaseFailed as exc:
+            old_gone = "wedged" if isinstance(exc, Wedged) else "failed"
+            if not old.alive:
+                old_gone = "died"
+            self.events.emit(
+                "wedged" if old_gone == "wedged" else "worker_lost",
+                model=host.name,
+                phase=exc.phase,
+                detail=f"{exc}; old worker abandoned",
+            )
+            outcome.detail.append(f"old worker {old_gone} in {exc.phase}: abandoned")
+        await self._release_old(old, outcome, old_gone)
+
+    async def _release_old(
+        self, old: WorkerProcess, outcome: ReloadOutcome, old_gone: str | None
+    ) -> None:
+        host = self.host
 
         async def release() -> dict[str, Any]:
             # In-flight requests of a killed old worker are retried on the new one.
             if old_gone:
                 await old.kill()
                 return {"detail": f"old worker pid {old.pid} killed ({old_gone})"}
+            kept = await self._recycle(old)
+            if kept is not None:
+                return {"detail": kept}
             await old.stop(host.model.deadlines.stop_s)
             return {"detail": f"old worker pid {old.pid} stopped"}
 

@@ -33,7 +33,7 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.reload_phases import ReloadPhases
 from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, code_paths, take_snapshot
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
 from hotreload.paths import ensure_state_dir
 
 __all__ = ["PhaseFailed", "ReloadOutcome", "Reloader", "Wedged"]
@@ -186,12 +186,48 @@ class Reloader(ReloadPhases):
         host.adopt(worker)
         return worker
 
-    async def _drop_standby(self) -> None:
+    async def _recycle(self, old: WorkerProcess) -> str | None:
+        """The worker just retired (its streams synced idle, nothing in flight) drops its
+        models and becomes the next standby: the next reload then pays for neither a process
+        start nor torch's import, which would compete with serving for ~2 s of CPU.
+        Up to `recycle` times per process; None means stop it instead."""
+        host = self.host
+        model = host.model
+        if (
+            self._closed
+            or model.strategy != "respawn"
+            or not model.standby
+            or old.recycled >= model.recycle
+            or host.standby is not None
+            or not old.alive
+        ):
+            return None
+        try:
+            r = await old.request("retire", model.deadlines.stop_s)
+        except (WorkerDied, WorkerReplyError, TimeoutError):
+            return None  # not fit to keep: the caller stops it
+        await self._cancel_standby_start()  # a fresh one still importing is not needed now
+        if self._closed or host.standby is not None:
+            return None
+        old.recycled += 1
+        host.standby = old
+        self.events.emit("standby_ready", model=host.name, pid=old.pid, recycled=old.recycled)
+        freed = int(r.get("freed_bytes") or 0)
+        return (
+            f"old worker pid {old.pid} kept as the next standby (reuse {old.recycled} of "
+            f"{model.recycle}), its versions dropped"
+            + (f" ({freed / (1024 * 1024):.0f} MiB of device memory freed)" if freed else "")
+        )
+
+    async def _cancel_standby_start(self) -> None:
         task = self._standby_task
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    async def _drop_standby(self) -> None:
+        await self._cancel_standby_start()
         worker, self.host.standby = self.host.standby, None
         if worker is not None:
             await worker.stop(self.host.model.deadlines.stop_s)
@@ -232,7 +268,7 @@ class Reloader(ReloadPhases):
                 outcome.version = host.version
                 if outcome.phase is None:
                     outcome.ok = True
-                    self._promote(candidate)
+                    await self._promote(candidate)
                 if self._worker_lost():
                     # It died during a phase (a crash in the user's code, the OOM killer):
                     # bring the last good version back now, still holding the device lock.
@@ -351,7 +387,7 @@ class Reloader(ReloadPhases):
             if candidate is not None:
                 await asyncio.to_thread(_remove, candidate.folder)
             raise
-        self._promote(candidate)
+        await self._promote(candidate)
         self._ensure_standby()
 
     async def _candidate_snapshot(self, version: int) -> Snapshot | None:
@@ -361,7 +397,12 @@ class Reloader(ReloadPhases):
         try:
             ensure_state_dir(self.host.config.state_dir)
             return await asyncio.to_thread(
-                take_snapshot, base, self.host.model, version, self.ignore
+                take_snapshot,
+                base,
+                self.host.model,
+                version,
+                self.ignore,
+                self.host.good_snapshot,
             )
         except (OSError, SnapshotTooLarge) as exc:
             self.events.emit(
@@ -371,11 +412,12 @@ class Reloader(ReloadPhases):
             )
             return None
 
-    def _promote(self, candidate: Snapshot | None) -> None:
+    async def _promote(self, candidate: Snapshot | None) -> None:
         old = self.host.good_snapshot
         self.host.good_snapshot = candidate
         if old is not None and candidate is not None and old.folder != candidate.folder:
-            _remove(old.folder)
+            # Off the event loop: it relays every request.
+            await asyncio.to_thread(_remove, old.folder)
 
 
 def _remove(folder: Path) -> None:

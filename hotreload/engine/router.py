@@ -3,7 +3,9 @@
 Requests are pumped to the worker from callbacks (on submit and on every reply), not by a
 polling task, so an idle model costs nothing and a busy one adds no scheduler hop. The
 gate is what a reload closes: new requests wait in the queue (up to its bound and their
-timeouts) while in-flight ones drain, and nothing is dropped.
+timeouts) while in-flight ones drain, and nothing is dropped. A reload that built the new
+version in another process hands over instead (`handover`): the gate stays open, new
+requests go to the new worker at once, and the old one finishes what it holds.
 """
 
 from __future__ import annotations
@@ -77,9 +79,15 @@ class ModelRouter:
         self._queue: deque[Request] = deque()
         self._peak_depth = 0
         self._inflight: set[Request] = set()
+        #: Requests still running on the worker handed over from (see `handover`).
+        self._draining: set[Request] = set()
         self._gate_open = False
+        #: Set while nothing is in flight on any worker.
         self._idle = asyncio.Event()
         self._idle.set()
+        #: Set while nothing is in flight on the worker handed over from.
+        self._drained = asyncio.Event()
+        self._drained.set()
         self.unavailable_reason: str | None = None
 
     # ------------------------------------------------------------------ figures
@@ -95,7 +103,12 @@ class ModelRouter:
 
     @property
     def inflight(self) -> int:
-        return len(self._inflight)
+        return len(self._inflight) + len(self._draining)
+
+    @property
+    def draining(self) -> int:
+        """Requests still running on the worker handed over from."""
+        return len(self._draining)
 
     @property
     def gate_open(self) -> bool:
@@ -103,10 +116,10 @@ class ModelRouter:
 
     def oldest_inflight_age(self, now: float | None = None) -> float:
         """Seconds the oldest request has been inside the worker (hung-forward detection)."""
-        if not self._inflight:
+        if not self._inflight and not self._draining:
             return 0.0
         now = now if now is not None else time.monotonic()
-        return now - min(r.sent_at for r in self._inflight)
+        return now - min(r.sent_at for r in (*self._inflight, *self._draining))
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -227,8 +240,13 @@ class ModelRouter:
                 return
 
     def _on_reply(self, req: Request, frame: Frame | None, error: BaseException | None) -> None:
-        self._inflight.discard(req)
-        if not self._inflight:
+        if req in self._draining:
+            self._draining.discard(req)
+            if not self._draining:
+                self._drained.set()
+        else:
+            self._inflight.discard(req)
+        if not self._inflight and not self._draining:
             self._idle.set()
         if error is not None:
             self._on_worker_failure(req, error)
@@ -273,6 +291,26 @@ class ModelRouter:
         self._gate_open = True
         self.unavailable_reason = None
         self.pump()
+
+    def handover(self, worker: WorkerProcess) -> int:
+        """Send to `worker` from now on, with a full in-flight window at once; requests in
+        flight on the previous worker finish there (`drain_previous` waits for them; one
+        that dies is retried here). Returns how many are still running there."""
+        self._draining |= self._inflight
+        self._inflight = set()
+        if self._draining:
+            self._drained.clear()
+        self.worker = worker
+        self.open_gate()
+        return len(self._draining)
+
+    async def drain_previous(self, timeout_s: float) -> bool:
+        """Wait until the worker handed over from holds no request; False on timeout."""
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def close_gate(self) -> None:
         """Stop sending to the worker; new requests wait in the queue."""

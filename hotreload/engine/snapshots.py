@@ -4,12 +4,16 @@ is now on disk.
 
 Small files are copied; large ones (weights) are hard-linked where the file system allows,
 which keeps the old bytes when tools replace the file, as torch.save and safetensors do.
+A file unchanged since the previous snapshot (same size and modification time, which the
+copy keeps, and already that old when it was taken) is hard-linked to that copy: a reload
+that changed one line copies one file.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,10 @@ from hotreload.engine.ignore import IgnoreRules
 
 #: Above this a file is hard-linked instead of copied (when possible).
 LINK_ABOVE_BYTES = 8 * 2**20
+#: A file is reused from the previous snapshot only if it was last written this long before
+#: that snapshot: file times tick coarsely (a few ms), so a same-size rewrite right after
+#: the copy could otherwise keep the same time.
+SETTLED_NS = 100_000_000
 #: A snapshot that would copy more than this is skipped (the restart then uses the disk).
 MAX_COPY_BYTES = 512 * 2**20
 
@@ -35,6 +43,8 @@ class Snapshot:
     roots: tuple[tuple[Path, Path], ...]
     #: Live weights file -> its copy.
     weights: tuple[tuple[Path, Path], ...]
+    #: When it was taken (time.time_ns(), the clock file times use).
+    taken_ns: int = 0
 
     def remap(self, path: Path) -> Path:
         for live, copy in self.weights:
@@ -71,9 +81,22 @@ def code_paths(
     }
 
 
-def _place(src: Path, dst: Path, budget: list[int]) -> None:
+def _place(
+    src: Path, dst: Path, budget: list[int], previous: Path | None = None, settled_ns: int = 0
+) -> None:
+    """Copy (or link) `src` to `dst`; `previous`: its copy in the last snapshot, reused when
+    the file was last written before `settled_ns` and has not changed since."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    size = src.stat().st_size
+    st = src.stat()
+    size = st.st_size
+    if previous is not None and previous != src and st.st_mtime_ns < settled_ns:
+        try:
+            old = previous.stat()
+            if (old.st_size, old.st_mtime_ns) == (size, st.st_mtime_ns):
+                os.link(previous, dst)  # our own copy, never written to: share it
+                return
+        except OSError:
+            pass  # gone, or no hard links here: copy
     if size > LINK_ABOVE_BYTES:
         try:
             os.link(src, dst)
@@ -89,19 +112,33 @@ def _place(src: Path, dst: Path, budget: list[int]) -> None:
     shutil.copy2(src, dst)
 
 
-def take_snapshot(base: Path, model: ModelConfig, version: int, rules: IgnoreRules) -> Snapshot:
-    """Copy the model's watch roots and weights into base/vN (blocking: run in a thread)."""
+def take_snapshot(
+    base: Path,
+    model: ModelConfig,
+    version: int,
+    rules: IgnoreRules,
+    previous: Snapshot | None = None,
+) -> Snapshot:
+    """Copy the model's watch roots and weights into base/vN (blocking: run in a thread);
+    files unchanged since `previous` are linked to its copies."""
+    taken_ns = time.time_ns()
+    settled_ns = previous.taken_ns - SETTLED_NS if previous is not None else 0
+    budget = [0]
+
+    def place(src: Path, dst: Path) -> None:
+        before = previous.remap(src) if previous is not None else None
+        _place(src, dst, budget, before, settled_ns)
+
     folder = base / f"v{version}"
     if folder.exists():
         shutil.rmtree(folder)
-    budget = [0]
     roots: list[tuple[Path, Path]] = []
     try:
         for i, root in enumerate(model.watch):
             copy = folder / f"r{i}"
             roots.append((root, copy))
             if root.is_file():
-                _place(root, copy, budget)
+                place(root, copy)
                 continue
             for dirpath, dirnames, filenames in os.walk(root):
                 here = Path(dirpath)
@@ -110,13 +147,13 @@ def take_snapshot(base: Path, model: ModelConfig, version: int, rules: IgnoreRul
                     src = here / name
                     if rules.ignored(src, root) or not src.is_file():
                         continue
-                    _place(src, copy / src.relative_to(root), budget)
+                    place(src, copy / src.relative_to(root))
         weights: list[tuple[Path, Path]] = []
         for j, w in enumerate(model.weights):
             copy = folder / "weights" / f"{j}-{w.name}"
-            _place(w, copy, budget)
+            place(w, copy)
             weights.append((w, copy))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return Snapshot(version, folder, tuple(roots), tuple(weights))
+    return Snapshot(version, folder, tuple(roots), tuple(weights), taken_ns)

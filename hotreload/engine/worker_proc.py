@@ -95,6 +95,8 @@ class WorkerProcess:
         #: > 0 for a standby: the worker's start-up imports run at this niceness.
         self.boot_nice = boot_nice
         self.generation = generation
+        #: Times this process was kept, after serving, as the standby for the next reload.
+        self.recycled = 0
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.device: str | None = None

@@ -25,6 +25,7 @@ from hotreload import runtime
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
 from hotreload.worker import loader
+from hotreload.worker.fresh_source import compile_from_source
 from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
 
@@ -151,6 +152,7 @@ class Worker:
             # Imports must no longer find the user's modules under the old paths.
             new_roots = set(self._code_roots())
             loader.forget_paths([r for r in old_roots if r not in new_roots])
+        compile_from_source(self._code_roots())
         dropped: list[str] = []
         if h.get("reimport", True):
             dropped = loader.drop_user_modules(old_roots + self._code_roots())
@@ -159,7 +161,7 @@ class Worker:
             self.staged = None
         self.state = "loading" if self.current is None else self.state
         rss_before = self.process.memory_info().rss
-        pacer = self._pacer()
+        pacer = self._pacer(h)
         mv = loader.build_version(self.spec, version, self.device, pacer.step_done)
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
@@ -178,9 +180,14 @@ class Worker:
             }
         )
 
-    def _pacer(self) -> Pacer:
-        """Paces a build on the loader thread while this worker's serving thread is busy."""
-        return Pacer(float(self.spec.get("build_pace") or 0.0), self._serving_busy_seconds)
+    def _pacer(self, header: dict[str, Any]) -> Pacer:
+        """Paces a build on the loader thread while this worker's serving thread is busy,
+        or, in a standby (nothing serves here), while the manager says another worker of
+        this model is serving requests (`serving_elsewhere`): they share the CPU."""
+        busy: Callable[[], float] = self._serving_busy_seconds
+        if header.get("serving_elsewhere") and self.current is None:
+            busy = time.monotonic  # busy for the whole of every step
+        return Pacer(float(self.spec.get("build_pace") or 0.0), busy)
 
     def _serving_busy_seconds(self) -> float:
         """Total time the serving thread has spent on requests, the one running included."""
@@ -208,7 +215,7 @@ class Worker:
         if self.current is None:
             self.state = "warming"
         # Re-warming the serving version runs on its own thread, between requests: no pacing.
-        pacer = self._pacer() if mv is not self.current else None
+        pacer = self._pacer(h) if mv is not self.current else None
         iters = int(h.get("iters", self.spec.get("warmup_iters", 3)))
         loader.warm(mv, iters, pacer.step_done if pacer else no_pause)
         self.send(
@@ -229,7 +236,7 @@ class Worker:
         )
         if previous is None and h.get("previous_outputs"):
             previous = h["previous_outputs"]
-        pacer = self._pacer()
+        pacer = self._pacer(h)
         sig = loader.smoke(
             mv,
             previous,
@@ -288,6 +295,25 @@ class Worker:
             self.state = "unloaded"
         freed = max(0, before - loader.allocated_bytes(self.device))
         self.send({"id": frame.header["id"], "ok": True, "freed_bytes": freed})
+
+    def op_retire(self, frame: Frame) -> None:
+        """Drop every version and wait idle: this worker, retired after a respawn reload,
+        becomes the standby that builds the next version (no fresh process, no torch import).
+        The manager sends it only after this worker's streams synced idle."""
+        if self.busy_since is not None:
+            raise LoadError("retire asked for while a request is running")
+        before = loader.allocated_bytes(self.device)
+        for mv in (self.current, self.staged, self.retired):
+            loader.release(mv)
+        self.current = self.staged = self.retired = None
+        self.state = "standby"
+        self.send(
+            {
+                "id": frame.header["id"],
+                "ok": True,
+                "freed_bytes": max(0, before - loader.allocated_bytes(self.device)),
+            }
+        )
 
     def op_offload(self, frame: Frame) -> None:
         mv = self._target("current")
@@ -390,6 +416,7 @@ class Worker:
             "swap": (control_q, self.op_swap),
             "release": (control_q, self.op_release),
             "offload": (control_q, self.op_offload),
+            "retire": (control_q, self.op_retire),
             "restore": (control_q, self.op_restore),
             "sync": (control_q, self.op_sync),
             "status": (control_q, self.op_status),
