@@ -299,8 +299,7 @@ def report(r: RunResult, trigger: str) -> None:
     windows = [(rl.edit_at, rl.window_end) for rl in r.reloads]
 
     def overlaps(t: float, lat_ms: float, spans: list[tuple[float, float]] = windows) -> bool:
-        end = t + lat_ms / 1000
-        return any(t <= w1 and end >= w0 for w0, w1 in spans)
+        return _overlaps(t, lat_ms, spans)
 
     inside = [lat for t, lat, _ in r.samples if overlaps(t, lat)]
     steady = [lat for t, lat, _ in r.samples if not overlaps(t, lat)]
@@ -355,6 +354,43 @@ def report(r: RunResult, trigger: str) -> None:
         print(f"  median phase ms: {', '.join(medians)}")
 
 
+def _label(strategy: str | None, pace: float | None) -> str:
+    st = f"strategy {strategy}" if strategy else "the example's strategy"
+    return st + (f", build_pace = {pace:g}" if pace is not None else "")
+
+
+def _merge(into: RunResult | None, r: RunResult) -> RunResult:
+    """Pool runs: windows are absolute wall times, so samples and reloads just add up."""
+    if into is None:
+        return r
+    return RunResult(
+        r.clients,
+        into.sent + r.sent,
+        sorted(into.samples + r.samples),
+        into.failures + r.failures,
+        into.reloads + r.reloads,
+        into.lines + r.lines,
+        into.standby_starts + r.standby_starts,
+    )
+
+
+def _ratio_line(r: RunResult) -> str:
+    windows = [(rl.edit_at, rl.window_end) for rl in r.reloads]
+    inside = [lat for t, lat, _ in r.samples if _overlaps(t, lat, windows)]
+    steady = [lat for t, lat, _ in r.samples if not _overlaps(t, lat, windows)]
+    if not inside or not steady:
+        return f"failed {len(r.failures)}, no reload window measured"
+    return (
+        f"failed {len(r.failures)}, p99 steady {percentile(steady, 99):.1f} ms, inside "
+        f"{percentile(inside, 99):.1f} ms ({percentile(inside, 99) / percentile(steady, 99):.2f}x)"
+    )
+
+
+def _overlaps(t: float, lat_ms: float, spans: list[tuple[float, float]]) -> bool:
+    end = t + lat_ms / 1000
+    return any(t <= w1 and end >= w0 for w0, w1 in spans)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--clients", type=int, nargs="+", default=[32, 200])
@@ -362,7 +398,17 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=3.0, help="seconds between reloads")
     parser.add_argument("--trigger", choices=("api", "edit"), default="api")
     parser.add_argument(
-        "--strategy", choices=("inplace", "respawn"), help="override the example's strategy"
+        "--strategy",
+        choices=("inplace", "respawn"),
+        nargs="+",
+        help="override the example's strategy (several: side by side)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of every configuration, interleaved; figures pooled over the rounds "
+        "(p99 of a few hundred in-window requests moves by 0.1x between identical runs)",
     )
     parser.add_argument(
         "--build-pace",
@@ -382,28 +428,33 @@ def main() -> int:
         "(default: `hotreload serve --http`, or `hotreload watch --http` with --trigger edit)",
     )
     args = parser.parse_args()
+    strategies = args.strategy or [None]
     print(
         f"HTTP reload benchmark: example MLP, 1x64 FP32 binary, reload every {args.every:g} s "
-        f"for {args.seconds:g} s, {os.cpu_count()} cores, strategy {args.strategy or 'inplace'}, "
-        f"{args.transport} clients"
+        f"for {args.seconds:g} s, {os.cpu_count()} cores, {args.transport} clients, "
+        f"{args.repeat} round(s)"
     )
     for clients in args.clients:
-        for pace in args.build_pace or [None]:
-            if pace is not None:
-                print(f"\n--- build_pace = {pace:g}", flush=True)
-            report(
-                run_once(
+        configs = [(st, pace) for st in strategies for pace in args.build_pace or [None]]
+        pooled: dict[tuple[str | None, float | None], RunResult] = {}
+        for round_no in range(1, args.repeat + 1):
+            for st, pace in configs:
+                r = run_once(
                     clients,
                     args.seconds,
                     args.every,
                     args.trigger,
                     args.server_cmd,
-                    args.strategy,
+                    st,
                     args.transport,
                     pace,
-                ),
-                args.trigger,
-            )
+                )
+                if args.repeat > 1:
+                    print(f"  round {round_no}, {_label(st, pace)}: {_ratio_line(r)}", flush=True)
+                pooled[(st, pace)] = _merge(pooled.get((st, pace)), r)
+        for (st, pace), r in pooled.items():
+            print(f"\n--- {_label(st, pace)}", flush=True)
+            report(r, args.trigger)
     return 0
 
 

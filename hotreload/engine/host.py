@@ -151,7 +151,7 @@ class ModelHost:
             await worker.kill()  # cancelled (shutdown): never leave a process behind
             raise
         if standby:
-            self.events.emit("standby_ready", model=self.name, pid=worker.pid)
+            self.events.emit("standby_ready", model=self.name, pid=worker.pid, recycled=0)
         else:
             self.adopt(worker)
             self.events.emit(

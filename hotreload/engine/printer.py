@@ -37,7 +37,7 @@ def format_event(e: dict[str, Any]) -> str | None:
     if kind == "worker_died":
         return f"{m}: worker pid {e.get('pid')} died ({e.get('reason')}); restarting"
     if kind == "standby_ready":
-        how = " (the retired worker, recycled)" if e.get("recycled") else ""
+        how = f" (kept after {e.get('after') or 'serving'})" if e.get("recycled") else ""
         return f"{m}: standby worker pid {e.get('pid')}{how} ready for the next reload"
     if kind == "standby_failed":
         return f"{m}: standby worker did not start ({e.get('error')}); reloads spawn one"

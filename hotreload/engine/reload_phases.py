@@ -343,9 +343,24 @@ class ReloadPhases:
         """A worker started ahead of time, if there is one (the Reloader keeps it)."""
         return None
 
-    async def _recycle(self, old: WorkerProcess) -> str | None:
-        """Keep a retired worker as the next standby; says how, or None to stop it."""
+    async def _recycle(self, old: WorkerProcess, *, after: str = "serving") -> str | None:
+        """Keep a worker as the next standby; says how, or None to stop it."""
         return None
+
+    async def _keep_after_failed_build(self, worker: WorkerProcess, exc: BaseException) -> bool:
+        """A standby whose build raised in the user's code (a broken save: it answered with
+        the error) stays the standby, so the fixed save reloads as fast as ever. On the CPU
+        only: an exception there leaves the process as it was, while a CUDA error can poison
+        the context for good. A build past its deadline, or a worker that died, goes."""
+        if not (
+            isinstance(exc, PhaseFailed)
+            and isinstance(exc.__cause__, WorkerReplyError)
+            and exc.phase in ("load", "warm", "smoke")
+            and worker.device == "cpu"
+            and worker.alive
+        ):
+            return False
+        return await self._recycle(worker, after="a failed build") is not None
 
     async def _spawn_and_build(
         self, job: ReloadJob, outcome: ReloadOutcome, version: int, *, cold: bool
@@ -372,7 +387,7 @@ class ReloadPhases:
             info = await self._load_warm_smoke(box[0], version, job, outcome, cold=cold)
             await box[0].request("swap", 30.0)  # the new worker's own staged -> current
         except (PhaseFailed, WorkerReplyError, WorkerDied, TimeoutError) as exc:
-            if box:
+            if box and not await self._keep_after_failed_build(box[0], exc):
                 await box[0].kill()
             if isinstance(exc, PhaseFailed):
                 raise

@@ -186,11 +186,12 @@ class Reloader(ReloadPhases):
         host.adopt(worker)
         return worker
 
-    async def _recycle(self, old: WorkerProcess) -> str | None:
-        """The worker just retired (its streams synced idle, nothing in flight) drops its
-        models and becomes the next standby: the next reload then pays for neither a process
-        start nor torch's import, which would compete with serving for ~2 s of CPU.
-        Up to `recycle` times per process; None means stop it instead."""
+    async def _recycle(self, old: WorkerProcess, *, after: str = "serving") -> str | None:
+        """The worker just retired (its streams synced idle, nothing in flight), or a standby
+        whose build failed in the user's code, drops its versions and becomes the next
+        standby: the next reload then pays for neither a process start nor torch's import,
+        which would compete with serving for ~2 s of CPU. Up to `recycle` times per process;
+        None means stop it instead."""
         host = self.host
         model = host.model
         if (
@@ -211,11 +212,14 @@ class Reloader(ReloadPhases):
             return None
         old.recycled += 1
         host.standby = old
-        self.events.emit("standby_ready", model=host.name, pid=old.pid, recycled=old.recycled)
+        self.events.emit(
+            "standby_ready", model=host.name, pid=old.pid, recycled=old.recycled, after=after
+        )
         freed = int(r.get("freed_bytes") or 0)
+        what = "old worker" if after == "serving" else "worker"
         return (
-            f"old worker pid {old.pid} kept as the next standby (reuse {old.recycled} of "
-            f"{model.recycle}), its versions dropped"
+            f"{what} pid {old.pid} kept as the next standby after {after} (reuse "
+            f"{old.recycled} of {model.recycle}), its versions dropped"
             + (f" ({freed / (1024 * 1024):.0f} MiB of device memory freed)" if freed else "")
         )
 
