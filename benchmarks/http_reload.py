@@ -1,6 +1,7 @@
 """HTTP reload benchmark: closed-loop KServe v2 clients on loopback while the example reloads.
 
     .venv/bin/python benchmarks/http_reload.py [--clients 32 200] [--seconds 24] [--every 3]
+        [--strategy inplace respawn] [--build-pace 0 3] [--control] [--repeat 3]
         [--trigger api|edit] [--server-cmd "hotreload watch ... --http 127.0.0.1:{port}"]
 
 Each run starts a fresh session serving the example MLP over HTTP, drives N closed-loop
@@ -13,7 +14,11 @@ watcher must notice it (`hotreload watch --http`).
 Reported per run: sent, ok, failed; p50/p99 overall, outside reloads (steady) and inside
 reload windows (a request whose [send, reply] interval overlaps [edit, reload finished]);
 and edit-to-first-new-version time (file write to the first reply computed by the new
-version). Figures, not a pass/fail test.
+version). `--control` adds a run that makes the same edits and one metadata request per
+cycle but never reloads, measured over windows as long as the median reload window: the
+share of the harness itself. `--repeat` interleaves rounds of every configuration and pools
+them: p99 over a few hundred in-window requests moves by 0.1x between identical runs here.
+Figures, not a pass/fail test.
 
 Targets (issue 7), against a real Triton server measured on the same machine: 0 failed;
 p99 in reload windows <= 1.1x steady; edit to first new-version answer <= 0.17 s plus the
@@ -138,6 +143,10 @@ def _client_proc(args: tuple[Any, ...], out: Any) -> None:
 # ----------------------------------------------------------------------------- a run
 
 
+#: The version a control run's "reload" waits for: none ever answers.
+NO_VERSION = 1 << 60
+
+
 @dataclass
 class Reload:
     edit_at: float
@@ -190,6 +199,12 @@ async def _drive_reloads(
             k += 1
             edit_at = time.time()
             _edit(model_py, k)
+            if trigger == "noop":
+                # The control: the same edit and one HTTP request, and no reload at all.
+                async with http.get(url + "/v2/models/mlp") as r:
+                    await r.read()
+                reloads.append(Reload(edit_at, time.time(), NO_VERSION))
+                continue
             if trigger == "api":
                 async with http.post(url + "/v2/repository/models/mlp/load") as r:
                     doc = await r.json()
@@ -354,7 +369,28 @@ def report(r: RunResult, trigger: str) -> None:
         print(f"  median phase ms: {', '.join(medians)}")
 
 
+#: The control configuration (`--control`).
+CONTROL = "control"
+
+
+def _stretch_control_windows(
+    control: RunResult, pooled: dict[tuple[str | None, float | None], RunResult]
+) -> None:
+    """Give the control's edits windows as long as the median reload window so far."""
+    spans = [
+        rl.window_end - rl.edit_at
+        for key, r in pooled.items()
+        if key[0] != CONTROL
+        for rl in r.reloads
+    ]
+    length = statistics.median(spans) if spans else 0.1
+    for rl in control.reloads:
+        rl.done_at = rl.edit_at + length
+
+
 def _label(strategy: str | None, pace: float | None) -> str:
+    if strategy == CONTROL:
+        return "control: the same edits and requests, no reload"
     st = f"strategy {strategy}" if strategy else "the example's strategy"
     return st + (f", build_pace = {pace:g}" if pace is not None else "")
 
@@ -404,6 +440,12 @@ def main() -> int:
         help="override the example's strategy (several: side by side)",
     )
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help="add a run with the same edits and one metadata request per cycle but no reload, "
+        "its windows as long as the median reload window: the harness's own share",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -436,6 +478,8 @@ def main() -> int:
     )
     for clients in args.clients:
         configs = [(st, pace) for st in strategies for pace in args.build_pace or [None]]
+        if args.control:
+            configs.append((CONTROL, None))
         pooled: dict[tuple[str | None, float | None], RunResult] = {}
         for round_no in range(1, args.repeat + 1):
             for st, pace in configs:
@@ -443,18 +487,20 @@ def main() -> int:
                     clients,
                     args.seconds,
                     args.every,
-                    args.trigger,
+                    "noop" if st == CONTROL else args.trigger,
                     args.server_cmd,
-                    st,
+                    None if st == CONTROL else st,
                     args.transport,
                     pace,
                 )
+                if st == CONTROL:
+                    _stretch_control_windows(r, pooled)
                 if args.repeat > 1:
                     print(f"  round {round_no}, {_label(st, pace)}: {_ratio_line(r)}", flush=True)
                 pooled[(st, pace)] = _merge(pooled.get((st, pace)), r)
         for (st, pace), r in pooled.items():
             print(f"\n--- {_label(st, pace)}", flush=True)
-            report(r, args.trigger)
+            report(r, "none: control" if st == CONTROL else args.trigger)
     return 0
 
 

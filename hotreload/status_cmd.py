@@ -35,6 +35,12 @@ def format_status(status: dict[str, Any]) -> str:
             f"{lat['p50_ms']:>8.2f} {lat['p95_ms']:>8.2f} {lat['p99_ms']:>8.2f} "
             f"{req['ok']:>8} {req['rejected']:>5} {req['timed_out']:>5} {req['failed']:>5} {mem:>9}"
         )
+        standby = m.get("standby")
+        if standby:
+            lines.append(
+                f"  standby worker pid {standby['pid']} (RSS {_mib(standby.get('rss_bytes'))}) "
+                "ready for the next reload"
+            )
         if m.get("last_error"):
             lines.append(f"  last error: {m['last_error']}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import pytest
 
 from hotreload import Client
 from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
+from hotreload.status_cmd import format_status
 from tests.support import count_events, make_project, read_events, wait_until
 
 X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
@@ -389,6 +390,16 @@ def test_respawn_builds_in_a_standby_worker(tmp_path: Path, serve, mode: str) ->
             gone = not psutil.pid_exists(serving) or psutil.Process(serving).status() == "zombie"
             assert gone, "the retired worker was stopped"
         serving = now["pid"]
+    standby = client.status()["models"][0]["standby"]
+    if mode == "none":
+        assert standby is None
+    else:
+        wait_until(
+            lambda: client.status()["models"][0]["standby"] is not None, 60, what="the standby"
+        )
+        standby = client.status()["models"][0]["standby"]
+        assert standby["pid"] == standbys()[-1]["pid"] and standby["rss_bytes"] > 0
+        assert f"standby worker pid {standby['pid']}" in format_status(client.status())
     kids = proc.worker_pids()
     assert len(kids) == (1 if mode == "none" else 2)  # the serving worker (and the standby)
     assert proc.stop() == 0

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.events import EventBus
 from hotreload.engine.router import ModelRouter
@@ -423,7 +425,20 @@ class ModelHost:
                 )
                 if k in ws
             },
+            "standby": self._standby_status(),
         }
+
+    def _standby_status(self) -> dict[str, Any] | None:
+        """The idle worker waiting for the next reload (strategy respawn): one more process
+        holding memory, so it shows. Read from outside: asking it would wake it up."""
+        worker = self.standby
+        if worker is None or not worker.alive or worker.pid is None:
+            return None
+        try:
+            rss = psutil.Process(worker.pid).memory_info().rss
+        except psutil.Error:
+            rss = None
+        return {"pid": worker.pid, "rss_bytes": rss, "reuses": worker.recycled}
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Drain in-flight requests, stop the worker, fail what is still queued."""

@@ -225,6 +225,16 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
             lines.append(
                 Text(f" {what} {delta / MIB:+.1f} MiB since v{base.version}", style, no_wrap=True)
             )
+        standby = m.get("standby")
+        if standby:
+            lines.append(
+                Text(
+                    f" standby pid {standby.get('pid')} RSS {mib(standby.get('rss_bytes'))} MiB",
+                    "dim",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
+            )
     return Text("\n").join(lines)
 
 

@@ -74,3 +74,19 @@ def test_a_sample_after_a_long_wait_fills_its_share_of_the_history() -> None:
     state.update(samples[-1], points=3)
     assert list(state.queue[name])[-4:] == [depth] * 4
     assert list(state.p99[name])[:-3] == before[3:]
+
+
+def test_the_memory_panel_shows_a_standby_worker() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.render import memory_text
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    (m,) = samples[-1].models
+    state = DashboardState()
+    state.update(samples[-1])
+    assert "standby" not in memory_text(state, m["name"], 60).plain
+    standby = {"pid": 4242, "rss_bytes": 230 * 2**20, "reuses": 1}
+    state.update(replace(samples[-1], models=({**m, "standby": standby},)))
+    assert "standby pid 4242 RSS 230.0 MiB" in memory_text(state, m["name"], 60).plain
