@@ -600,3 +600,32 @@ def test_config_edits_are_reported_not_reloaded(project: Path, serve) -> None:
     time.sleep(0.5)
     assert count_events(project, "reload_requested") == 0
     assert Client(config=project).infer("mlp", X).version == 1
+
+
+@pytest.mark.parametrize("strategy", ["inplace", "respawn"])
+def test_a_module_added_next_to_the_model_is_found_by_the_next_reload(
+    tmp_path: Path, serve, strategy: str
+) -> None:
+    """The folder's listing is re-read on every reload, even when the new file lands in the
+    same tick of the folder's modification time as the listing cached by the last load."""
+    config = make_project(tmp_path)
+    config.write_text(
+        config.read_text().replace('strategy = "inplace"', f'strategy = "{strategy}"')
+    )
+    serve(config)
+    client = Client(config=config, timeout_s=60)
+    base = client.infer("mlp", X).output
+    folder = config.parent
+    reloaded(client)
+    reloaded(client)  # with respawn, both workers have listed the folder
+    stamp = folder.stat().st_mtime_ns
+    (folder / "helpers.py").write_text("FACTOR = 5.0\n")
+    model = folder / "model.py"
+    model.write_text(
+        model.read_text().replace("SCALE = 1.0", "from helpers import FACTOR\nSCALE = FACTOR")
+    )
+    os.utime(folder, ns=(stamp, stamp))  # the folder looks unchanged to a cached listing
+    reloaded(client)
+    out, version, _ = client.infer("mlp", X)
+    assert version == 4
+    np.testing.assert_allclose(out, base * 5.0, rtol=1e-5)

@@ -108,6 +108,7 @@ def drop_user_modules(roots: Sequence[Path]) -> list[str]:
     names = user_module_names(roots)
     for name in names:
         sys.modules.pop(name, None)
+    # A file added since the last load is found even within the folder's mtime tick.
     importlib.invalidate_caches()
     return names
 
