@@ -11,11 +11,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "mlp"
+#: What `Traffic` sends: the example's input shape.
+TRAFFIC_INPUT = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
 
 
 def make_project(
@@ -153,3 +157,32 @@ def kill_groups(proc: subprocess.Popen, kids: list[int]) -> None:  # type: ignor
     if proc.poll() is None:
         proc.kill()
         proc.wait(10)
+
+
+class Traffic:
+    """Client threads sending continuously; records (version, output) and every failure."""
+
+    def __init__(self, config: Path, threads: int = 4) -> None:
+        from hotreload import Client
+
+        self.client = Client(config=config, timeout_s=30)
+        self.results: list[tuple[int, Any]] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out, version, _ = self.client.infer("mlp", TRAFFIC_INPUT)
+                self.results.append((version, out))
+            except Exception as exc:
+                self.failures.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+            assert not t.is_alive(), "a client thread hung"

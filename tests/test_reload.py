@@ -18,7 +18,7 @@ import pytest
 from hotreload import Client
 from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
 from hotreload.status_cmd import format_status
-from tests.support import count_events, make_project, read_events, wait_until
+from tests.support import Traffic, count_events, make_project, read_events, wait_until
 
 X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
 
@@ -51,33 +51,6 @@ def wait_outcomes(config: Path, n: int, timeout: float = 30.0) -> None:
         return count_events(config, "reload_done") + count_events(config, "reload_failed") >= n
 
     wait_until(done, timeout, what=f"{n} reload outcome(s)")
-
-
-class Traffic:
-    """Client threads sending continuously; records (version, output) and every failure."""
-
-    def __init__(self, config: Path, threads: int = 4) -> None:
-        self.client = Client(config=config, timeout_s=30)
-        self.results: list[tuple[int, np.ndarray]] = []
-        self.failures: list[BaseException] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                out, version, _ = self.client.infer("mlp", X)
-                self.results.append((version, out))
-            except Exception as exc:
-                self.failures.append(exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
-            assert not t.is_alive(), "a client thread hung"
 
 
 def test_code_and_weights_edits_go_live_without_failed_requests(project: Path, serve) -> None:

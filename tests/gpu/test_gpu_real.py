@@ -122,3 +122,37 @@ def test_nvml_event_source_goes_active(real_gateway: None) -> None:
 def test_reset_is_refused_by_default(real_gateway: None) -> None:
     d = check_reset(0, (), (), allow=False)
     assert not d.allowed and "off" in d.reason
+
+
+def test_respawn_on_cuda_hands_over_and_recycles_the_retired_worker(
+    tmp_path: Any, serve: Any
+) -> None:
+    """A real reload loop on the GPU: the new worker takes over, the retired one syncs its
+    streams, frees its device memory and becomes the standby, no request fails."""
+    import numpy as np
+
+    from hotreload import Client
+    from tests.support import Traffic, make_project, read_events, wait_until
+
+    config = make_project(tmp_path)
+    text = config.read_text().replace('device = "auto"', 'device = "cuda:0"')
+    config.write_text(text.replace('strategy = "inplace"', 'strategy = "respawn"'))
+    serve(config)
+    client = Client(config=config, timeout_s=120)
+    wait_until(lambda: client.status()["models"][0]["standby"] is not None, 120, what="the standby")
+    traffic = Traffic(config, threads=2)
+    try:
+        for _ in range(3):
+            outcome = client.reload("mlp")["outcomes"][0]
+            assert outcome["ok"], outcome
+    finally:
+        traffic.stop()
+    assert traffic.failures == []
+    events = read_events(config)
+    syncs = [e for e in events if e["kind"] == "phase_end" and e["phase"] == "sync"]
+    assert syncs and all(e["ok"] and not e.get("skipped") for e in syncs[-3:])
+    releases = [e for e in events if e["kind"] == "phase_end" and e["phase"] == "release"]
+    assert all("kept as the next standby" in e["detail"] for e in releases[-3:])
+    assert all("MiB of device memory freed" in e["detail"] for e in releases[-3:])
+    out = client.infer("mlp", np.zeros((1, 64), np.float32))
+    assert out.version == 4
