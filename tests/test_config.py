@@ -135,6 +135,8 @@ def test_discovery_prefers_hotreload_toml_in_cwd(tmp_path: Path) -> None:
         (GOOD_MODEL + "request_timeout_s = 0", "models[0].request_timeout_s", ">= 0.001"),
         (GOOD_MODEL + "build_pace = -1", "models[0].build_pace", "(0 = never pause) >= 0"),
         (GOOD_MODEL + 'build_pace = "slow"', "models[0].build_pace", "expected a factor"),
+        (GOOD_MODEL + "recycle = -1", "models[0].recycle", "integer between 0 and 1000000"),
+        (GOOD_MODEL + "recycle = 2.5", "models[0].recycle", "expected an integer"),
         (
             GOOD_MODEL + "[models.deadlines]\ndrain = 3",
             "models[0].deadlines.drain",

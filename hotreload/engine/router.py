@@ -201,7 +201,7 @@ class ModelRouter:
             return
         req.expired = True
         self.counters.timed_out += 1
-        inside = req in self._inflight
+        inside = req in self._inflight or req in self._draining
         if not inside:
             try:
                 self._queue.remove(req)
@@ -212,7 +212,7 @@ class ModelRouter:
             None,
             RequestTimeoutError(
                 f"model {self.name!r}: request timed out after {timeout:.3g} s ({where}; "
-                f"queue depth {len(self._queue)}, in flight {len(self._inflight)})"
+                f"queue depth {len(self._queue)}, in flight {self.inflight})"
             ),
         )
 
