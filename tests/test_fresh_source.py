@@ -69,3 +69,46 @@ def test_modules_outside_the_code_folders_keep_the_normal_import(tmp_path: Path)
     assert spec is not None and type(spec.loader).__name__ == "SourceOnlyLoader"
     assert finder.find_spec("json", None) is None  # the stdlib is found by the usual finders
     assert finder.find_spec("missing_module_xyz", [str(tmp_path)]) is None
+
+
+ORDER_SCRIPT = """
+import importlib.machinery, pathlib, sys
+code = pathlib.Path({code!r})
+sys.path.insert(0, str(code))
+sys.path.insert(0, str(code / "venv" / "site-packages"))
+from hotreload.worker.fresh_source import SourceOnlyLoader, compile_from_source, _finder
+compile_from_source([code])
+meta = sys.meta_path
+assert meta.index(importlib.machinery.BuiltinImporter) < meta.index(_finder)
+assert meta.index(_finder) < meta.index(importlib.machinery.PathFinder)
+import itertools  # a built-in module, shadowed by nothing
+assert not hasattr(itertools, "SHADOW"), "a file in the code folder replaced a built-in"
+import installed_pkg, mine
+assert type(installed_pkg.__spec__.loader) is importlib.machinery.SourceFileLoader
+assert type(mine.__spec__.loader) is SourceOnlyLoader
+import pkg.sub
+assert type(pkg.sub.__spec__.loader) is SourceOnlyLoader and pkg.sub.VALUE == 2
+print("ok")
+"""
+
+
+def test_built_ins_and_installed_packages_keep_the_usual_import(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "venv" / "site-packages").mkdir(parents=True)
+    (code / "itertools.py").write_text("SHADOW = True\n")
+    (code / "venv" / "site-packages" / "installed_pkg.py").write_text("")
+    (code / "mine.py").write_text("")
+    (code / "pkg").mkdir()
+    (code / "pkg" / "__init__.py").write_text("")
+    (code / "pkg" / "sub.py").write_text("from . import helper\nVALUE = helper.ONE + 1\n")
+    (code / "pkg" / "helper.py").write_text("ONE = 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", ORDER_SCRIPT.format(code=str(code))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

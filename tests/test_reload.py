@@ -379,11 +379,14 @@ def test_respawn_builds_in_a_standby_worker(tmp_path: Path, serve, mode: str) ->
     assert not [p for p in kids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+@pytest.mark.parametrize("broken", ["syntax", "runtime"])
 def test_a_standby_whose_build_fails_stays_the_standby_for_the_fixed_save(
-    tmp_path: Path, serve
+    tmp_path: Path, serve, broken: str
 ) -> None:
-    """A broken save fails in the standby; the old version serves on, and the same standby
-    (no new process, no torch import) builds the fixed save."""
+    """A broken save fails in the standby; the old version serves on, and a standby with
+    torch loaded (no new process for the fixed save) builds the next one. A syntax error is
+    the same in any process: the reused standby stays. Another error in a reused worker is
+    tried in a fresh one (it might be the reuse); failing there too, that one stays."""
     config = make_project(tmp_path)
     config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
     session = serve(config)
@@ -394,20 +397,26 @@ def test_a_standby_whose_build_fails_stays_the_standby_for_the_fixed_save(
     reloaded(client)  # the first worker is now the (recycled) standby
     model = config.parent / "model.py"
     good = model.read_text()
-    model.write_text(good + "\ndef build():\n    raise RuntimeError('broken edit')\n")
+    if broken == "syntax":
+        model.write_text(good + "\ndef build(:\n")
+    else:
+        model.write_text(good + "\ndef build():\n    raise RuntimeError('broken edit')\n")
     outcome = client.reload("mlp")["outcomes"][0]
     assert not outcome["ok"] and outcome["phase"] == "load"
-    assert "broken edit" in outcome["error"]
+    assert ("SyntaxError" if broken == "syntax" else "broken edit") in outcome["error"]
     assert client.infer("mlp", X).version == 2  # the old version serves on
     kept = [e for e in read_events(config) if e["kind"] == "standby_ready"][-1]
-    assert kept["pid"] == first and kept["after"] == "a failed build"
-    assert psutil.Process(first).status() != "zombie"
+    assert kept["after"] == "a failed build"
+    assert (kept["pid"] == first) == (broken == "syntax")
+    assert psutil.Process(kept["pid"]).status() != "zombie"
     model.write_text(good)
     done = reloaded(client)
-    assert done["version"] == 3 and client.status()["models"][0]["pid"] == first
-    # Never a new process: one first worker, one standby started fresh, both reused.
-    assert count_events(config, "worker_started") == 1
-    assert count_events(config, "standby_ready", recycled=0) == 1
+    assert done["version"] == 3 and client.status()["models"][0]["pid"] == kept["pid"]
+    assert count_events(config, "recycle_disabled") == 0  # a broken edit is not the reuse
+    # The only process started for a reload: the fresh one that retried the runtime error.
+    retried = 0 if broken == "syntax" else 1
+    assert count_events(config, "worker_started") == 1 + retried
+    assert count_events(config, "phase_end", phase="fresh_spawn") == retried
     assert len(session.worker_pids()) == 2
 
 
@@ -602,3 +611,94 @@ def test_a_module_added_next_to_the_model_is_found_by_the_next_reload(
     out, version, _ = client.infer("mlp", X)
     assert version == 4
     np.testing.assert_allclose(out, base * 5.0, rtol=1e-5)
+
+
+ONCE_PER_PROCESS = """
+import builtins
+
+import model_base
+
+# A one-time effect per process, like a TORCH_LIBRARY definition: a second import fails.
+if getattr(builtins, "_defined_once", False):
+    raise RuntimeError("Only a single TORCH_LIBRARY can be used to register the namespace")
+builtins._defined_once = True
+
+build = model_base.build
+example_input = model_base.example_input
+"""
+
+
+def test_code_that_fails_a_second_import_is_built_in_a_fresh_worker(tmp_path: Path, serve) -> None:
+    """A reused worker fails where a fresh one succeeds: the reload still succeeds (in a
+    fresh process), says why, and workers are no longer reused for this model."""
+    config = make_project(tmp_path)
+    folder = config.parent
+    (folder / "model.py").rename(folder / "model_base.py")
+    (folder / "model.py").write_text(ONCE_PER_PROCESS)
+    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
+    session = serve(config)
+    client = Client(config=config, timeout_s=60)
+    wait_until(lambda: count_events(config, "standby_ready") == 1, 60, what="the standby")
+    reloaded(client)  # v2 in the fresh standby; the first worker is kept for reuse
+    done = reloaded(client)  # v3: the reused worker fails to import, a fresh one builds it
+    assert done["version"] == 3
+    assert any("does not survive a second import" in d for d in done["detail"])
+    assert count_events(config, "recycle_disabled") == 1
+    phases = [e["phase"] for e in read_events(config) if e["kind"] == "phase_end"]
+    assert "fresh_spawn" in phases
+    assert client.infer("mlp", X).version == 3
+    wait_until(lambda: client.status()["models"][0]["standby"] is not None, 60, what="standby")
+    assert reloaded(client)["version"] == 4  # the next standby is a fresh process
+    assert "from now on each standby is a fresh process" in session.output
+
+
+def test_stop_during_a_hand_over_answers_the_requests_and_leaves_no_worker(
+    tmp_path: Path,
+) -> None:
+    """Cancelled after the swap (the session stops while the old worker drains): the old
+    worker, neither serving nor the standby any more, is stopped with it."""
+    import asyncio
+
+    from hotreload.config import load_config
+    from hotreload.engine.session import Session
+    from hotreload.protocol import encode_tensors
+
+    config_path = make_project(tmp_path)
+    folder = config_path.parent
+    (folder / "model.py").rename(folder / "model_base.py")
+    (folder / "model.py").write_text(HELD_FORWARD)
+    text = config_path.read_text().replace('strategy = "inplace"', 'strategy = "respawn"')
+    config_path.write_text(text.replace("[models.env]", "standby = false\n\n[models.env]"))
+    config = load_config(config_path)
+    metas, blobs = encode_tensors({"input": X})
+    header, payload = {"tensors": metas, "form": "single"}, b"".join(bytes(b) for b in blobs)
+    pids: list[int] = []
+
+    async def scenario() -> list[int]:
+        session = Session(config, endpoint=False, telemetry=False)
+        try:
+            await session.start()
+            host = session.hosts["mlp"]
+            pids.append(host.worker.pid)
+            (folder / "hold").write_text("")
+            held = [host.router.submit_future(header, payload) for _ in range(2)]
+            while host.router.inflight < 2:
+                await asyncio.sleep(0.01)
+            (folder / "model.py").write_text(HELD_FORWARD.replace("HOLD = True", "HOLD = False"))
+            reload = asyncio.create_task(session.reload_model("mlp"))
+            while host.reload_phase != "drain":
+                await asyncio.sleep(0.01)
+            pids.append(host.worker.pid)
+        finally:
+            stopping = asyncio.create_task(session.stop())
+            await asyncio.sleep(0.3)
+            (folder / "hold").unlink(missing_ok=True)
+            await stopping
+        await reload
+        return [(await f).header["version"] for f in held]
+
+    versions = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert len(versions) == 2  # answered: by the new worker after the old one was stopped
+    assert len(pids) == 2 and pids[0] != pids[1]
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"

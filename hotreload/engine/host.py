@@ -95,6 +95,8 @@ class ModelHost:
         self.good_snapshot: Snapshot | None = None
         #: strategy "respawn": the worker started ahead of time for the next reload.
         self.standby: WorkerProcess | None = None
+        #: strategy "respawn": the worker a reload just replaced, while it drains and syncs.
+        self.retiring: WorkerProcess | None = None
         #: The phase of the reload running now (events and Xid reports are tagged with it).
         self.reload_phase: str | None = None
         #: True while the reloader holds this model: a worker death or a hung forward is then
@@ -284,6 +286,17 @@ class ModelHost:
         version = self.version or 1
         # The files on disk may hold a broken edit now: come back on the last good copy.
         code = code_paths(self.model, self.config.root, self.good_snapshot)
+        rewritten = self.good_snapshot.rewritten() if self.good_snapshot else []
+        if rewritten:
+            self.events.emit(
+                "snapshot_rewritten",
+                model=self.name,
+                files=[str(p) for p in rewritten],
+                message=f"{', '.join(p.name for p in rewritten)} rewritten in place since "
+                f"v{version} loaded (large files are linked, not copied): the restart loads "
+                "the current contents; save weights to a new file and rename it over the old "
+                "to keep a restart on the last good bytes",
+            )
         delay = 0.2
         for attempt in range(1, attempts + 1):
             if self._stopping:

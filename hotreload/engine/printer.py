@@ -39,6 +39,10 @@ def format_event(e: dict[str, Any]) -> str | None:
     if kind == "standby_ready":
         how = f" (kept after {e.get('after') or 'serving'})" if e.get("recycled") else ""
         return f"{m}: standby worker pid {e.get('pid')}{how} ready for the next reload"
+    if kind == "snapshot_rewritten":
+        return f"{m}: warning: {e.get('message')}"
+    if kind == "recycle_disabled":
+        return f"{m}: {e.get('reason')}; from now on each standby is a fresh process"
     if kind == "standby_failed":
         return f"{m}: standby worker did not start ({e.get('error')}); reloads spawn one"
     if kind == "worker_restarted":

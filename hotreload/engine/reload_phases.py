@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import psutil
@@ -131,9 +131,12 @@ class ReloadPhases:
 
         def pace() -> dict[str, Any]:
             # A build in another process (respawn) competes with the requests for the CPU
-            # only: the worker paces it while any are being served (build_pace).
-            router = self.host.router
-            busy = worker is not self.host.worker and bool(router.inflight or router.depth)
+            # only: the worker paces it while another worker is serving some (build_pace).
+            # Not while the gate is closed or no worker serves: then requests wait for the
+            # build, and pausing it would only make them wait longer.
+            host, router = self.host, self.host.router
+            serving = host.worker is not None and host.worker.alive and router.gate_open
+            busy = worker is not host.worker and serving and router.inflight > 0
             return {"serving_elsewhere": busy}
 
         async def load() -> dict[str, Any]:
@@ -348,28 +351,57 @@ class ReloadPhases:
         return None
 
     async def _keep_after_failed_build(self, worker: WorkerProcess, exc: BaseException) -> bool:
-        """A standby whose build raised in the user's code (a broken save: it answered with
-        the error) stays the standby, so the fixed save reloads as fast as ever. On the CPU
-        only: an exception there leaves the process as it was, while a CUDA error can poison
-        the context for good. A build past its deadline, or a worker that died, goes."""
+        """A fresh standby whose build raised in the user's code (a broken save: it answered
+        with the error) stays the standby, so the fixed save reloads as fast as ever. On the
+        CPU only: an exception there leaves the process as it was, while a CUDA error can
+        poison the context for good. A reused worker goes unless the error is one any process
+        would raise (a syntax error): its failure may be the reuse itself (see
+        `_spawn_and_build`). A build past its deadline, or a worker that died, goes too."""
         if not (
             isinstance(exc, PhaseFailed)
             and isinstance(exc.__cause__, WorkerReplyError)
             and exc.phase in ("load", "warm", "smoke")
             and worker.device == "cpu"
+            and (worker.recycled == 0 or not _may_be_reuse(exc))
             and worker.alive
         ):
             return False
         return await self._recycle(worker, after="a failed build") is not None
 
+    def _disable_recycle(self, reason: str) -> None:
+        """Stop reusing workers for this model (the Reloader keeps the switch)."""
+
     async def _spawn_and_build(
         self, job: ReloadJob, outcome: ReloadOutcome, version: int, *, cold: bool
     ) -> tuple[WorkerProcess, VersionInfo]:
+        """A worker (the standby if there is one) with `version` built, warm, smoke-tested
+        and swapped in on its side. A build that fails to import in a reused worker is tried
+        once more in a fresh process: code with a one-time effect per process (a
+        `TORCH_LIBRARY` definition, a metrics registry) fails the second time it is imported
+        in the same interpreter, and that must not read as the user's edit being broken."""
+        worker = await self._spawn_phase(outcome, fresh=False)
+        try:
+            return worker, await self._build(worker, job, outcome, version, cold=cold)
+        except PhaseFailed as exc:
+            if not (worker.recycled and exc.phase == "load" and _may_be_reuse(exc)):
+                raise
+            first = exc
+        worker = await self._spawn_phase(outcome, fresh=True)
+        info = await self._build(worker, job, outcome, version, cold=cold)
+        why = (
+            f"v{version} failed to import in a reused worker ({first}) and built in a fresh "
+            "one: this code does not survive a second import in one process"
+        )
+        outcome.detail.append(why + "; workers are no longer reused for this model")
+        self._disable_recycle(why)
+        return worker, info
+
+    async def _spawn_phase(self, outcome: ReloadOutcome, *, fresh: bool) -> WorkerProcess:
         host = self.host
         box: list[WorkerProcess] = []
 
         async def spawn() -> dict[str, Any]:
-            standby = await self._take_standby()
+            standby = None if fresh else await self._take_standby()
             if standby is not None:
                 box.append(standby)
                 how = (
@@ -380,27 +412,56 @@ class ReloadPhases:
                 return {"detail": f"standby worker pid {standby.pid}, {how}"}
             worker = await host.spawn_worker(code_paths(host.model, host.config.root))
             box.append(worker)
-            return {"detail": f"worker pid {worker.pid}"}
+            again = ", a fresh process after the reused one failed" if fresh else ""
+            return {"detail": f"worker pid {worker.pid}{again}"}
 
+        name = "fresh_spawn" if fresh else "spawn"
         try:
-            await self._phase("spawn", outcome, spawn, deadline_s=host.model.deadlines.start_s)
-            info = await self._load_warm_smoke(box[0], version, job, outcome, cold=cold)
-            await box[0].request("swap", 30.0)  # the new worker's own staged -> current
-        except (PhaseFailed, WorkerReplyError, WorkerDied, TimeoutError) as exc:
-            if box and not await self._keep_after_failed_build(box[0], exc):
-                await box[0].kill()
-            if isinstance(exc, PhaseFailed):
-                raise
-            raise PhaseFailed("swap", f"new worker failed to switch: {exc}") from exc
+            await self._phase(name, outcome, spawn, deadline_s=host.model.deadlines.start_s)
+        except PhaseFailed:
+            raise
         except Exception as exc:
             if box:
                 await box[0].kill()
-            raise PhaseFailed("spawn", str(exc)) from exc
+            raise PhaseFailed(name, str(exc)) from exc
         except BaseException:
             if box:
                 await box[0].kill()  # cancelled (shutdown): the new worker goes too
             raise
-        return box[0], info
+        return box[0]
+
+    async def _build(
+        self,
+        worker: WorkerProcess,
+        job: ReloadJob,
+        outcome: ReloadOutcome,
+        version: int,
+        *,
+        cold: bool,
+    ) -> VersionInfo:
+        """load, warm, smoke and the worker's own swap; on failure the worker is stopped (or
+        kept as the standby, see `_keep_after_failed_build`)."""
+        try:
+            info = await self._load_warm_smoke(worker, version, job, outcome, cold=cold)
+            await worker.request("swap", 30.0)  # the new worker's own staged -> current
+        except (PhaseFailed, WorkerReplyError, WorkerDied, TimeoutError) as exc:
+            keep = False
+            try:
+                keep = await self._keep_after_failed_build(worker, exc)
+            finally:
+                # Also when cancelled while deciding: never leave the process behind.
+                if not keep and self.host.standby is not worker:
+                    await worker.kill()
+            if isinstance(exc, PhaseFailed):
+                raise
+            raise PhaseFailed("swap", f"new worker failed to switch: {exc}") from exc
+        except Exception as exc:
+            await worker.kill()
+            raise PhaseFailed("load", str(exc)) from exc
+        except BaseException:
+            await worker.kill()  # cancelled (shutdown): the new worker goes too
+            raise
+        return info
 
     async def _respawn(
         self, job: ReloadJob, outcome: ReloadOutcome, candidate: Snapshot | None
@@ -425,9 +486,10 @@ class ReloadPhases:
             host._install(new, info, announce=False)
             host.router.close_gate()  # reopened by resume
 
-        await self._phase("swap", outcome, swap)
-        await self._resume(outcome)
-        await self._release_old(old, outcome, None)
+        async with self._retiring(old):
+            await self._phase("swap", outcome, swap)
+            await self._resume(outcome)
+            await self._release_old(old, outcome, None)
 
     async def _handover(
         self, old: WorkerProcess, new: WorkerProcess, info: VersionInfo, outcome: ReloadOutcome
@@ -456,23 +518,39 @@ class ReloadPhases:
                 )
             return {"detail": f"{n} request(s) finished on the old worker"}
 
-        await self._phase("swap", outcome, swap)
-        old_gone: str | None = None
+        async with self._retiring(old):
+            await self._phase("swap", outcome, swap)
+            old_gone: str | None = None
+            try:
+                await self._phase("drain", outcome, drain)
+                await self._phase("sync", outcome, lambda: self._sync_old(old))
+            except PhaseFailed as exc:
+                old_gone = "wedged" if isinstance(exc, Wedged) else "failed"
+                if not old.alive:
+                    old_gone = "died"
+                self.events.emit(
+                    "wedged" if old_gone == "wedged" else "worker_lost",
+                    model=host.name,
+                    phase=exc.phase,
+                    detail=f"{exc}; old worker abandoned",
+                )
+                outcome.detail.append(f"old worker {old_gone} in {exc.phase}: abandoned")
+            await self._release_old(old, outcome, old_gone)
+
+    @contextlib.asynccontextmanager
+    async def _retiring(self, old: WorkerProcess) -> AsyncIterator[None]:
+        """From the swap on, the old worker is neither the serving one nor the standby: if
+        the reload stops here (cancelled at shutdown, a bug of ours), stop it with it."""
+        host = self.host
+        host.retiring = old
         try:
-            await self._phase("drain", outcome, drain)
-            await self._phase("sync", outcome, lambda: self._sync_old(old))
-        except PhaseFailed as exc:
-            old_gone = "wedged" if isinstance(exc, Wedged) else "failed"
-            if not old.alive:
-                old_gone = "died"
-            self.events.emit(
-                "wedged" if old_gone == "wedged" else "worker_lost",
-                model=host.name,
-                phase=exc.phase,
-                detail=f"{exc}; old worker abandoned",
-            )
-            outcome.detail.append(f"old worker {old_gone} in {exc.phase}: abandoned")
-        await self._release_old(old, outcome, old_gone)
+            yield
+        except BaseException:
+            if host.standby is not old:
+                await old.kill()
+            raise
+        finally:
+            host.retiring = None
 
     async def _release_old(
         self, old: WorkerProcess, outcome: ReloadOutcome, old_gone: str | None
@@ -503,6 +581,16 @@ class ReloadPhases:
         new, info = await self._spawn_and_build(job, outcome, version, cold=True)
         host._install(new, info, announce=False)
         host.ensure_watchdog()
+
+
+#: Errors that come out the same in any process: a broken file, not a reused interpreter.
+DETERMINISTIC_ERRORS = frozenset({"SyntaxError", "IndentationError", "TabError", "LoadError"})
+
+
+def _may_be_reuse(exc: PhaseFailed) -> bool:
+    """Could this load failure come from importing the code a second time in one process?"""
+    cause = exc.__cause__
+    return isinstance(cause, WorkerReplyError) and cause.error_type not in DETERMINISTIC_ERRORS
 
 
 def _paced(reply: dict[str, Any]) -> str:

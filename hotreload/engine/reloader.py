@@ -60,6 +60,8 @@ class Reloader(ReloadPhases):
         self._closed = False
         #: Starting the next standby worker (strategy "respawn", `standby = true`).
         self._standby_task: asyncio.Task[None] | None = None
+        #: Why workers are no longer reused for this model (None: they are, see `_recycle`).
+        self.recycle_off: str | None = None
 
     @property
     def busy(self) -> bool:
@@ -196,6 +198,7 @@ class Reloader(ReloadPhases):
         model = host.model
         if (
             self._closed
+            or self.recycle_off is not None
             or model.strategy != "respawn"
             or not model.standby
             or old.recycled >= model.recycle
@@ -222,6 +225,11 @@ class Reloader(ReloadPhases):
             f"{old.recycled} of {model.recycle}), its versions dropped"
             + (f" ({freed / (1024 * 1024):.0f} MiB of device memory freed)" if freed else "")
         )
+
+    def _disable_recycle(self, reason: str) -> None:
+        if self.recycle_off is None:
+            self.recycle_off = reason
+            self.events.emit("recycle_disabled", model=self.host.name, reason=reason)
 
     async def _cancel_standby_start(self) -> None:
         task = self._standby_task

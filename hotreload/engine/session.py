@@ -177,8 +177,8 @@ class Session:
     def worker_pids(self) -> list[int]:
         """Every worker process of this session (marked as ours in GPU process lists)."""
         pids = [h.worker.pid for h in self.hosts.values() if h.worker and h.worker.pid]
-        standbys = [h.standby for h in self.hosts.values() if h.standby is not None]
-        return pids + [w.pid for w in standbys if w.pid and w.alive]
+        others = [w for h in self.hosts.values() for w in (h.standby, h.retiring) if w]
+        return pids + [w.pid for w in others if w.pid and w.alive]
 
     def reload_phase(self) -> str | None:
         """`model:phase` of a reload running now (Xid events are tagged with it)."""

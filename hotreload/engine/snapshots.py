@@ -2,11 +2,15 @@
 died, or wedged) comes back with the version that was serving, not with a broken edit that
 is now on disk.
 
-Small files are copied; large ones (weights) are hard-linked where the file system allows,
-which keeps the old bytes when tools replace the file, as torch.save and safetensors do.
-A file unchanged since the previous snapshot (same size and modification time, which the
-copy keeps, and already that old when it was taken) is hard-linked to that copy: a reload
-that changed one line copies one file.
+Small files are copied; large ones (weights) are hard-linked where the file system allows.
+A link keeps the old bytes only when the tool that saves the file writes a new one and
+renames it over the old (an atomic save); one that rewrites the file in place (`torch.save`
+to the same path does) changes the linked bytes too. A restart checks for that
+(`Snapshot.rewritten`) and says so.
+
+A file unchanged since the previous snapshot (same inode, size, modification and change
+times, and settled: last changed well before that snapshot) is hard-linked to the copy
+there, which is ours and never written to: a reload that changed one line copies one file.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +28,10 @@ from hotreload.engine.ignore import IgnoreRules
 
 #: Above this a file is hard-linked instead of copied (when possible).
 LINK_ABOVE_BYTES = 8 * 2**20
-#: A file is reused from the previous snapshot only if it was last written this long before
-#: that snapshot: file times tick coarsely (a few ms), so a same-size rewrite right after
-#: the copy could otherwise keep the same time.
-SETTLED_NS = 100_000_000
+#: A file is reused from the previous snapshot only if it last changed this long before that
+#: snapshot: file times tick coarsely (a few ms here, 1 to 2 s on FAT, SMB or some network
+#: mounts), so a same-size rewrite right after the copy could otherwise keep every time.
+SETTLED_NS = 3_000_000_000
 #: A snapshot that would copy more than this is skipped (the restart then uses the disk).
 MAX_COPY_BYTES = 512 * 2**20
 
@@ -45,6 +50,23 @@ class Snapshot:
     weights: tuple[tuple[Path, Path], ...]
     #: When it was taken (time.time_ns(), the clock file times use).
     taken_ns: int = 0
+    #: Live file -> its signature when copied (see `_signature`).
+    sources: Mapping[Path, Signature] = field(default_factory=dict)
+    #: Large live files linked, not copied -> their signature when linked.
+    linked: Mapping[Path, Signature] = field(default_factory=dict)
+
+    def rewritten(self) -> list[Path]:
+        """Linked files rewritten in place since: the bytes here are the new ones. (A file
+        replaced by a rename left the link, and its old bytes, alone.)"""
+        out = []
+        for path, sig in self.linked.items():
+            try:
+                # Not the change time: each hard link made to the file moves it.
+                if _signature(os.stat(self.remap(path)))[:3] != sig[:3]:
+                    out.append(path)
+            except OSError:
+                out.append(path)  # our link is gone: nothing of the old bytes is left
+        return out
 
     def remap(self, path: Path) -> Path:
         for live, copy in self.weights:
@@ -81,29 +103,47 @@ def code_paths(
     }
 
 
+#: (inode, size, modification time, change time) of a file: any write or rename changes it.
+Signature = tuple[int, int, int, int]
+
+
+def _signature(st: os.stat_result) -> Signature:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _place(
-    src: Path, dst: Path, budget: list[int], previous: Path | None = None, settled_ns: int = 0
+    src: Path,
+    dst: Path,
+    budget: list[int],
+    snap: dict[str, dict[Path, Signature]],
+    previous: Snapshot | None,
+    settle_ns: int,
 ) -> None:
-    """Copy (or link) `src` to `dst`; `previous`: its copy in the last snapshot, reused when
-    the file was last written before `settled_ns` and has not changed since."""
+    """Copy (or link) `src` to `dst`, recording its signature in `snap`; reuse the copy in
+    `previous` when the file has not changed since and had settled before it was taken."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     st = src.stat()
-    size = st.st_size
-    if previous is not None and previous != src and st.st_mtime_ns < settled_ns:
+    sig = _signature(st)
+    snap["sources"][src] = sig
+    if (
+        previous is not None
+        and previous.sources.get(src) == sig
+        and src not in previous.linked
+        and st.st_ctime_ns < previous.taken_ns - settle_ns
+    ):
         try:
-            old = previous.stat()
-            if (old.st_size, old.st_mtime_ns) == (size, st.st_mtime_ns):
-                os.link(previous, dst)  # our own copy, never written to: share it
-                return
+            os.link(previous.remap(src), dst)  # our own copy, never written to: share it
+            return
         except OSError:
             pass  # gone, or no hard links here: copy
-    if size > LINK_ABOVE_BYTES:
+    if st.st_size > LINK_ABOVE_BYTES:
         try:
             os.link(src, dst)
+            snap["linked"][src] = sig
             return
         except OSError:
             pass
-    budget[0] += size
+    budget[0] += st.st_size
     if budget[0] > MAX_COPY_BYTES:
         raise SnapshotTooLarge(
             f"the model's folders hold more than {MAX_COPY_BYTES // 2**20} MiB to copy; "
@@ -118,16 +158,17 @@ def take_snapshot(
     version: int,
     rules: IgnoreRules,
     previous: Snapshot | None = None,
+    *,
+    settle_ns: int = SETTLED_NS,
 ) -> Snapshot:
     """Copy the model's watch roots and weights into base/vN (blocking: run in a thread);
     files unchanged since `previous` are linked to its copies."""
     taken_ns = time.time_ns()
-    settled_ns = previous.taken_ns - SETTLED_NS if previous is not None else 0
     budget = [0]
+    snap: dict[str, dict[Path, Signature]] = {"sources": {}, "linked": {}}
 
     def place(src: Path, dst: Path) -> None:
-        before = previous.remap(src) if previous is not None else None
-        _place(src, dst, budget, before, settled_ns)
+        _place(src, dst, budget, snap, previous, settle_ns)
 
     folder = base / f"v{version}"
     if folder.exists():
@@ -156,4 +197,6 @@ def take_snapshot(
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return Snapshot(version, folder, tuple(roots), tuple(weights), taken_ns)
+    return Snapshot(
+        version, folder, tuple(roots), tuple(weights), taken_ns, snap["sources"], snap["linked"]
+    )

@@ -42,6 +42,8 @@ class WorkerReplyError(HotreloadError):
     def __init__(self, error: dict[str, Any]) -> None:
         self.code = error.get("code", "error")
         self.remote_traceback = error.get("traceback")
+        #: The exception's class name in the worker (None for the manager's own errors).
+        self.error_type: str | None = error.get("type")
         super().__init__(error.get("message", "worker error"))
 
 

@@ -27,11 +27,16 @@ class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
 
 
 class UserCodeFinder(importlib.abc.MetaPathFinder):
-    """First on sys.meta_path: finds modules the normal way, inside the code folders only,
-    and gives those found there a SourceOnlyLoader."""
+    """On sys.meta_path just ahead of the path finder (built-in and frozen modules still
+    come first): finds modules the normal way, inside the code folders only, and gives
+    those found there a SourceOnlyLoader."""
 
     def __init__(self) -> None:
         self.prefixes: tuple[str, ...] = ()
+        # Installed packages keep their .pyc even inside a code folder (a project's .venv).
+        self.installed = tuple(
+            {os.path.join(os.path.abspath(p), "") for p in (sys.prefix, sys.base_prefix)}
+        )
 
     def set_roots(self, roots: Sequence[Path]) -> None:
         self.prefixes = tuple(
@@ -40,7 +45,10 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
         )
 
     def _inside(self, path: str) -> bool:
-        return os.path.join(os.path.abspath(path or "."), "").startswith(self.prefixes)
+        folder = os.path.join(os.path.abspath(path or "."), "")
+        if "site-packages" in folder or "dist-packages" in folder:
+            return False
+        return folder.startswith(self.prefixes) and not folder.startswith(self.installed)
 
     def find_spec(
         self,
@@ -52,12 +60,16 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
             return None
         # Search only where Python itself would, restricted to entries in the code folders:
         # a top-level name along sys.path, a submodule along its package's __path__.
-        search = [p for p in (sys.path if path is None else path) if self._inside(p)]
+        entries = list(sys.path if path is None else path)
+        search = [p for p in entries if self._inside(p)]
         if not search:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, search, target)
         if spec is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
             return None  # not found there, or not plain source: the usual finders decide
+        earlier = entries[: entries.index(search[0])]
+        if earlier and importlib.machinery.PathFinder.find_spec(fullname, earlier, target):
+            return None  # an entry ahead of the code folders wins, as it would anyway
         assert spec.origin is not None
         spec.loader = SourceOnlyLoader(fullname, spec.origin)
         return spec
@@ -70,4 +82,8 @@ def compile_from_source(roots: Sequence[Path]) -> None:
     """From now on, modules imported from inside `roots` are compiled from their source."""
     _finder.set_roots(roots)
     if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
+        at = next(
+            (i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder),
+            len(sys.meta_path),
+        )
+        sys.meta_path.insert(at, _finder)

@@ -65,9 +65,8 @@ class Worker:
 
     def reply_error(self, rid: Any, exc: BaseException, code: str = "model_error") -> None:
         tb = None if isinstance(exc, LoadError) else user_traceback(exc)
-        self.send(
-            {"id": rid, "ok": False, "error": {"code": code, "message": _msg(exc), "traceback": tb}}
-        )
+        error = {"code": code, "message": _msg(exc), "traceback": tb, "type": type(exc).__name__}
+        self.send({"id": rid, "ok": False, "error": error})
 
     def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
         if name == "serve":
@@ -314,6 +313,10 @@ class Worker:
                 "freed_bytes": max(0, before - loader.allocated_bytes(self.device)),
             }
         )
+        if self.device.type == "cpu":
+            # After the reply: the reload need not wait. An idle standby should not sit on
+            # the old model's memory.
+            _return_free_heap()
 
     def op_offload(self, frame: Frame) -> None:
         mv = self._target("current")
@@ -502,6 +505,18 @@ def user_traceback(exc: BaseException) -> str:
         [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
     )
     return "".join(te.format())
+
+
+def _return_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them for reuse otherwise)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to ask
 
 
 def _msg(exc: BaseException) -> str:
