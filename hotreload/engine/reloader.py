@@ -9,9 +9,12 @@ resource (unload first, for models that cannot co-reside):
 auto: availability when free memory covers the last measured footprint with margin.
 
 Strategies: `inplace` re-imports the user's code in the same worker; `respawn` builds the new
-version in a fresh worker process (a fresh CUDA context: no stale streams at all), by default
-one started ahead of time (`standby`), so the build shares neither the serving process's
-GIL nor its start-up time.
+version in another worker process, by default one started ahead of time (`standby`), so the
+build shares neither the serving process's GIL nor its start-up time. The new worker then
+takes over at once while the old one finishes its requests (the hand-over), and the old
+one, its streams synced idle, becomes the next standby (`recycle` times per process): no
+reload pays for a process start. A load that fails in such a reused worker is tried once
+in a fresh process, because code with a one-time effect per process fails a second import.
 
 A failure in load, warm or smoke leaves the old version serving (or restores it). A drain or
 sync past its deadline means a wedged worker: it is killed and restarted on the last good
