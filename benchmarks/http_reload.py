@@ -311,23 +311,11 @@ def run_once(
 
 
 def report(r: RunResult, trigger: str) -> None:
+    inside, steady = _split(r.samples, r.reloads)
     windows = [(rl.edit_at, rl.window_end) for rl in r.reloads]
-
-    def overlaps(t: float, lat_ms: float, spans: list[tuple[float, float]] = windows) -> bool:
-        return _overlaps(t, lat_ms, spans)
-
-    inside = [lat for t, lat, _ in r.samples if overlaps(t, lat)]
-    steady = [lat for t, lat, _ in r.samples if not overlaps(t, lat)]
-    starting = [
-        lat
-        for t, lat, _ in r.samples
-        if not overlaps(t, lat) and overlaps(t, lat, r.standby_starts)
-    ]
-    quiet = [
-        lat
-        for t, lat, _ in r.samples
-        if not overlaps(t, lat) and not overlaps(t, lat, r.standby_starts)
-    ]
+    outside = [(t, lat) for t, lat, _ in r.samples if not _overlaps(t, lat, windows)]
+    starting = [lat for t, lat in outside if _overlaps(t, lat, r.standby_starts)]
+    quiet = [lat for t, lat in outside if not _overlaps(t, lat, r.standby_starts)]
     every = [lat for _, lat, _ in r.samples]
     e2v = [rl.first_new_at - rl.edit_at for rl in r.reloads if rl.first_new_at]
     totals = [rl.total_s for rl in r.reloads if rl.total_s is not None]
@@ -411,15 +399,25 @@ def _merge(into: RunResult | None, r: RunResult) -> RunResult:
 
 
 def _ratio_line(r: RunResult) -> str:
-    windows = [(rl.edit_at, rl.window_end) for rl in r.reloads]
-    inside = [lat for t, lat, _ in r.samples if _overlaps(t, lat, windows)]
-    steady = [lat for t, lat, _ in r.samples if not _overlaps(t, lat, windows)]
+    inside, steady = _split(r.samples, r.reloads)
     if not inside or not steady:
         return f"failed {len(r.failures)}, no reload window measured"
     return (
         f"failed {len(r.failures)}, p99 steady {percentile(steady, 99):.1f} ms, inside "
         f"{percentile(inside, 99):.1f} ms ({percentile(inside, 99) / percentile(steady, 99):.2f}x)"
     )
+
+
+def _split(
+    samples: list[tuple[float, float, int]], reloads: list[Reload]
+) -> tuple[list[float], list[float]]:
+    """Latencies of requests overlapping a reload window, and of all the others."""
+    windows = [(rl.edit_at, rl.window_end) for rl in reloads]
+    inside: list[float] = []
+    steady: list[float] = []
+    for t, lat, _ in samples:
+        (inside if _overlaps(t, lat, windows) else steady).append(lat)
+    return inside, steady
 
 
 def _overlaps(t: float, lat_ms: float, spans: list[tuple[float, float]]) -> bool:

@@ -9,12 +9,7 @@ resource (unload first, for models that cannot co-reside):
 auto: availability when free memory covers the last measured footprint with margin.
 
 Strategies: `inplace` re-imports the user's code in the same worker; `respawn` builds the new
-version in another worker process, by default one started ahead of time (`standby`), so the
-build shares neither the serving process's GIL nor its start-up time. The new worker then
-takes over at once while the old one finishes its requests (the hand-over), and the old
-one, its streams synced idle, becomes the next standby (`recycle` times per process): no
-reload pays for a process start. A load that fails in such a reused worker is tried once
-in a fresh process, because code with a one-time effect per process fails a second import.
+version in another worker process and hands over to it (respawn.py).
 
 A failure in load, warm or smoke leaves the old version serving (or restores it). A drain or
 sync past its deadline means a wedged worker: it is killed and restarted on the last good
@@ -34,15 +29,14 @@ from hotreload.engine.host import ModelHost
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
-from hotreload.engine.reload_phases import ReloadPhases
-from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, code_paths, take_snapshot
-from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+from hotreload.engine.respawn import RespawnPhases
+from hotreload.engine.snapshots import Snapshot, SnapshotTooLarge, take_snapshot
 from hotreload.paths import ensure_state_dir
 
 __all__ = ["PhaseFailed", "ReloadOutcome", "Reloader", "Wedged"]
 
 
-class Reloader(ReloadPhases):
+class Reloader(RespawnPhases):
     def __init__(
         self,
         host: ModelHost,
@@ -61,10 +55,8 @@ class Reloader(ReloadPhases):
         self._pending: ReloadJob | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        #: Starting the next standby worker (strategy "respawn", `standby = true`).
-        self._standby_task: asyncio.Task[None] | None = None
-        #: Why workers are no longer reused for this model (None: they are, see `_recycle`).
-        self.recycle_off: str | None = None
+        self._standby_task = None
+        self.recycle_off = None
 
     @property
     def busy(self) -> bool:
@@ -149,103 +141,6 @@ class Reloader(ReloadPhases):
                     )
                 )
         self._running = self._pending = None
-
-    # ------------------------------------------------------------------ standby worker
-
-    def _ensure_standby(self) -> None:
-        """Start the next worker ahead of time, in the background (strategy "respawn")."""
-        host = self.host
-        if (
-            self._closed
-            or host.model.strategy != "respawn"
-            or not host.model.standby
-            or host.standby is not None
-            or (self._standby_task is not None and not self._standby_task.done())
-        ):
-            return
-        self._standby_task = asyncio.create_task(self._start_standby(), name=f"standby-{host.name}")
-
-    async def _start_standby(self) -> None:
-        host = self.host
-        try:
-            worker = await host.spawn_worker(code_paths(host.model, host.config.root), standby=True)
-        except Exception as exc:
-            # Not fatal: the next reload spawns a worker as if there were no standby.
-            self.events.emit("standby_failed", model=host.name, error=str(exc))
-            return
-        if self._closed:
-            await worker.kill()
-            return
-        host.standby = worker
-
-    async def _take_standby(self) -> WorkerProcess | None:
-        """The standby worker for this reload, or None. One still starting (at low priority)
-        is left for the next reload: a fresh spawn at normal priority is quicker now."""
-        host = self.host
-        worker, host.standby = host.standby, None
-        if worker is None:
-            return None
-        if not worker.alive:
-            await worker.kill()
-            return None
-        host.adopt(worker)
-        return worker
-
-    async def _recycle(self, old: WorkerProcess, *, after: str = "serving") -> str | None:
-        """The worker just retired (its streams synced idle, nothing in flight), or a standby
-        whose build failed in the user's code, drops its versions and becomes the next
-        standby: the next reload then pays for neither a process start nor torch's import,
-        which would compete with serving for ~2 s of CPU. Up to `recycle` times per process;
-        None means stop it instead."""
-        host = self.host
-        model = host.model
-        if (
-            self._closed
-            or self.recycle_off is not None
-            or model.strategy != "respawn"
-            or not model.standby
-            or old.recycled >= model.recycle
-            or host.standby is not None
-            or not old.alive
-        ):
-            return None
-        try:
-            r = await old.request("retire", model.deadlines.stop_s)
-        except (WorkerDied, WorkerReplyError, TimeoutError):
-            return None  # not fit to keep: the caller stops it
-        await self._cancel_standby_start()  # a fresh one still importing is not needed now
-        if self._closed or host.standby is not None:
-            return None
-        old.recycled += 1
-        host.standby = old
-        self.events.emit(
-            "standby_ready", model=host.name, pid=old.pid, recycled=old.recycled, after=after
-        )
-        freed = int(r.get("freed_bytes") or 0)
-        what = "old worker" if after == "serving" else "worker"
-        return (
-            f"{what} pid {old.pid} kept as the next standby after {after} (reuse "
-            f"{old.recycled} of {model.recycle}), its versions dropped"
-            + (f" ({freed / (1024 * 1024):.0f} MiB of device memory freed)" if freed else "")
-        )
-
-    def _disable_recycle(self, reason: str) -> None:
-        if self.recycle_off is None:
-            self.recycle_off = reason
-            self.events.emit("recycle_disabled", model=self.host.name, reason=reason)
-
-    async def _cancel_standby_start(self) -> None:
-        task = self._standby_task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _drop_standby(self) -> None:
-        await self._cancel_standby_start()
-        worker, self.host.standby = self.host.standby, None
-        if worker is not None:
-            await worker.stop(self.host.model.deadlines.stop_s)
 
     # ------------------------------------------------------------------ one reload
 

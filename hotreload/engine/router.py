@@ -292,25 +292,20 @@ class ModelRouter:
         self.unavailable_reason = None
         self.pump()
 
-    def handover(self, worker: WorkerProcess) -> int:
+    def handover(self, worker: WorkerProcess) -> None:
         """Send to `worker` from now on, with a full in-flight window at once; requests in
         flight on the previous worker finish there (`drain_previous` waits for them; one
-        that dies is retried here). Returns how many are still running there."""
+        that dies is retried here)."""
         self._draining |= self._inflight
         self._inflight = set()
         if self._draining:
             self._drained.clear()
         self.worker = worker
         self.open_gate()
-        return len(self._draining)
 
     async def drain_previous(self, timeout_s: float) -> bool:
         """Wait until the worker handed over from holds no request; False on timeout."""
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await _wait(self._drained, timeout_s)
 
     def close_gate(self) -> None:
         """Stop sending to the worker; new requests wait in the queue."""
@@ -318,11 +313,7 @@ class ModelRouter:
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until nothing is in flight; False when `timeout_s` passes first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await _wait(self._idle, timeout_s)
 
     def fail_queued(self, error: ClientError) -> int:
         """Fail every queued request (shutdown, or a model that cannot be brought back)."""
@@ -334,3 +325,11 @@ class ModelRouter:
                 req.finish(None, error)
                 n += 1
         return n
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True

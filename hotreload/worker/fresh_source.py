@@ -18,6 +18,15 @@ from pathlib import Path
 from types import CodeType, ModuleType
 
 
+def folder_prefixes(roots: Sequence[Path]) -> tuple[str, ...]:
+    """Each folder as its absolute and its resolved path, with a trailing separator: a path
+    is inside one when it starts with any of them (a string test, no resolve() per path)."""
+    return tuple(
+        {os.path.join(os.path.abspath(r), "") for r in roots}
+        | {os.path.join(os.path.realpath(r), "") for r in roots}
+    )
+
+
 class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
     """Compiles from the source file on every import and writes no .pyc."""
 
@@ -39,10 +48,7 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
         )
 
     def set_roots(self, roots: Sequence[Path]) -> None:
-        self.prefixes = tuple(
-            {os.path.join(os.path.abspath(r), "") for r in roots}
-            | {os.path.join(os.path.realpath(r), "") for r in roots}
-        )
+        self.prefixes = folder_prefixes(roots)
 
     def _inside(self, path: str) -> bool:
         folder = os.path.join(os.path.abspath(path or "."), "")

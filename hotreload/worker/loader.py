@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hotreload import runtime
-from hotreload.worker.fresh_source import SourceOnlyLoader
+from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.pacing import no_pause
 
 #: Input forms: how the wire tensors are passed to the model.
@@ -88,7 +88,7 @@ def _under(path: str | None, roots: Sequence[Path]) -> bool:
 
 def user_module_names(roots: Sequence[Path]) -> list[str]:
     """Modules currently imported from the model's folders (site-packages excluded)."""
-    prefixes = tuple({pre for pre in _prefixes(roots) if pre.endswith(os.sep)})
+    prefixes = folder_prefixes(roots)
     names = []
     # Runs on every reload over ~1,200 modules once torch is in: no per-module abspath
     # where the file is absolute already (nearly always).
@@ -125,7 +125,7 @@ def _path_first(folder: str) -> None:
 
 def forget_paths(roots: Sequence[Path]) -> None:
     """Drop sys.path entries inside `roots` (code paths the worker no longer loads from)."""
-    prefixes = tuple(pre for pre in _prefixes(roots) if pre.endswith(os.sep))
+    prefixes = folder_prefixes(roots)
     sys.path[:] = [
         p for p in sys.path if not (p and (os.path.abspath(p) + os.sep).startswith(prefixes))
     ]
