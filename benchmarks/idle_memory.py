@@ -4,12 +4,12 @@
 
 A reload runs code and touches memory that serving does not: the manager's reload path, the
 standby worker's whole process. On a shared virtual machine, memory a process has not
-touched for a moment can be many times slower to touch again, with no page fault counted
-in the guest. The likely cause: while it slept, other work on the host evicted its data,
-its TLB entries and the page-table entries behind them from the caches, and under
-virtualization a TLB miss walks both the guest's and the host's page tables. The thread pays it in its own CPU time. Then everything a
-reload does runs several times slower than the same code hot, and competes that much longer
-with the requests for the cores.
+touched for a moment can be many times slower to touch again, with no page fault counted in
+the guest. The likely cause: while it slept, other work on the host evicted its data, its
+TLB entries and the page-table entries behind them from the caches, and under virtualization
+a TLB miss walks both the guest's and the host's page tables. The thread pays it in its own
+CPU time. Then everything a reload does runs several times slower than the same code hot,
+and competes that much longer with the requests for the cores.
 
 This touches one byte per 4 KiB page of an already-resident buffer, hot and after each
 sleep, and reports the thread's CPU time per page. On a machine without the effect the
