@@ -7,6 +7,7 @@ Roboflow's shared step pool showed). Replies from every thread go through one lo
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import socket
@@ -509,14 +510,21 @@ def user_traceback(exc: BaseException) -> str:
 
 def _return_free_heap() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them for reuse otherwise)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim from the symbols already loaded, or None (not glibc). Looked up
+    once: `ctypes.util.find_library` runs `ldconfig` in a subprocess on every call."""
     import ctypes
-    import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
-        pass  # not glibc: nothing to ask
+        return None
 
 
 def _msg(exc: BaseException) -> str:
