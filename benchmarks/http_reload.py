@@ -1,7 +1,8 @@
 """HTTP reload benchmark: closed-loop KServe v2 clients on loopback while the example reloads.
 
     .venv/bin/python benchmarks/http_reload.py [--clients 32 200] [--seconds 24] [--every 3]
-        [--strategy inplace respawn] [--build-pace 0 3] [--control] [--repeat 3]
+        [--strategy inplace respawn] [--build-pace 0 3] [--cpus auto off] [--control]
+        [--repeat 3]
         [--trigger api|edit] [--server-cmd "hotreload watch ... --http 127.0.0.1:{port}"]
 
 Each run starts a fresh session serving the example MLP over HTTP, drives N closed-loop
@@ -231,6 +232,7 @@ def run_once(
     strategy: str | None = None,
     transport: str = "http",
     build_pace: float | None = None,
+    cpus: str | None = None,
 ) -> RunResult:
     tmp = Path(tempfile.mkdtemp(prefix="hr-http-bench-"))
     proj = tmp / "proj"
@@ -245,6 +247,9 @@ def run_once(
         config.write_text(
             text.replace('strategy = "', f'build_pace = {build_pace}\nstrategy = "', 1)
         )
+    if cpus is not None:
+        text = config.read_text()
+        config.write_text(text.replace('strategy = "', f'cpus = "{cpus}"\nstrategy = "', 1))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -329,13 +334,19 @@ def report(r: RunResult, trigger: str) -> None:
     if r.standby_starts:
         rows += [("  of which standby starting", starting), ("  of which quiet", quiet)]
     rows.append(("inside reload windows", inside))
+    if trigger != "none: control":
+        by_old, by_new = _by_version(r)
+        rows += [("  of which old version", by_old), ("  of which new version", by_new)]
     for label, values in rows:
         print(
             f"  {label:<26} {len(values):>7} {percentile(values, 50):>8.2f} "
             f"{percentile(values, 99):>8.2f}"
         )
     if steady and inside:
-        print(f"  p99 inside / steady: {percentile(inside, 99) / percentile(steady, 99):.2f}x")
+        print(
+            f"  p99 inside / steady: {percentile(inside, 99) / percentile(steady, 99):.2f}x "
+            f"(p50: {percentile(inside, 50) / percentile(steady, 50):.2f}x)"
+        )
     if r.standby_starts and quiet and inside:
         ratio = percentile(inside, 99) / percentile(quiet, 99)
         print(f"  p99 inside / quiet steady (no standby starting): {ratio:.2f}x")
@@ -361,26 +372,34 @@ def report(r: RunResult, trigger: str) -> None:
 CONTROL = "control"
 
 
-def _stretch_control_windows(
-    control: RunResult, pooled: dict[tuple[str | None, float | None], RunResult]
-) -> None:
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of a side-by-side run (None: the example's own setting)."""
+
+    strategy: str | None = None
+    pace: float | None = None
+    cpus: str | None = None
+
+    def label(self) -> str:
+        if self.strategy == CONTROL:
+            return "control: the same edits and requests, no reload"
+        st = f"strategy {self.strategy}" if self.strategy else "the example's strategy"
+        if self.pace is not None:
+            st += f", build_pace = {self.pace:g}"
+        return st + (f", cpus = {self.cpus}" if self.cpus is not None else "")
+
+
+def _stretch_control_windows(control: RunResult, pooled: dict[Variant, RunResult]) -> None:
     """Give the control's edits windows as long as the median reload window so far."""
     spans = [
         rl.window_end - rl.edit_at
         for key, r in pooled.items()
-        if key[0] != CONTROL
+        if key.strategy != CONTROL
         for rl in r.reloads
     ]
     length = statistics.median(spans) if spans else 0.1
     for rl in control.reloads:
         rl.done_at = rl.edit_at + length
-
-
-def _label(strategy: str | None, pace: float | None) -> str:
-    if strategy == CONTROL:
-        return "control: the same edits and requests, no reload"
-    st = f"strategy {strategy}" if strategy else "the example's strategy"
-    return st + (f", build_pace = {pace:g}" if pace is not None else "")
 
 
 def _merge(into: RunResult | None, r: RunResult) -> RunResult:
@@ -406,6 +425,19 @@ def _ratio_line(r: RunResult) -> str:
         f"failed {len(r.failures)}, p99 steady {percentile(steady, 99):.1f} ms, inside "
         f"{percentile(inside, 99):.1f} ms ({percentile(inside, 99) / percentile(steady, 99):.2f}x)"
     )
+
+
+def _by_version(r: RunResult) -> tuple[list[float], list[float]]:
+    """In-window latencies answered by the version serving before the reload (in the old
+    worker, up to the hand-over) and by the reload's new version."""
+    old: list[float] = []
+    new: list[float] = []
+    for t, lat, version in r.samples:
+        for rl in r.reloads:
+            if _overlaps(t, lat, [(rl.edit_at, rl.window_end)]):
+                (new if version >= rl.version else old).append(lat)
+                break
+    return old, new
 
 
 def _split(
@@ -457,6 +489,12 @@ def main() -> int:
         help="run once per value of the model's build_pace (0: build at full speed), side by side",
     )
     parser.add_argument(
+        "--cpus",
+        nargs="+",
+        help='the model\'s `cpus` setting ("auto": serving worker on a CPU of its own, '
+        '"off": wherever the scheduler puts it), several side by side',
+    )
+    parser.add_argument(
         "--transport",
         choices=("http", "socket"),
         default="http",
@@ -475,30 +513,37 @@ def main() -> int:
         f"{args.repeat} round(s)"
     )
     for clients in args.clients:
-        configs = [(st, pace) for st in strategies for pace in args.build_pace or [None]]
+        configs = [
+            Variant(st, pace, cpus)
+            for st in strategies
+            for pace in args.build_pace or [None]
+            for cpus in args.cpus or [None]
+        ]
         if args.control:
-            configs.append((CONTROL, None))
-        pooled: dict[tuple[str | None, float | None], RunResult] = {}
+            configs.append(Variant(CONTROL))
+        pooled: dict[Variant, RunResult] = {}
         for round_no in range(1, args.repeat + 1):
-            for st, pace in configs:
+            for v in configs:
+                control = v.strategy == CONTROL
                 r = run_once(
                     clients,
                     args.seconds,
                     args.every,
-                    "noop" if st == CONTROL else args.trigger,
+                    "noop" if control else args.trigger,
                     args.server_cmd,
-                    None if st == CONTROL else st,
+                    None if control else v.strategy,
                     args.transport,
-                    pace,
+                    v.pace,
+                    v.cpus,
                 )
-                if st == CONTROL:
+                if control:
                     _stretch_control_windows(r, pooled)
                 if args.repeat > 1:
-                    print(f"  round {round_no}, {_label(st, pace)}: {_ratio_line(r)}", flush=True)
-                pooled[(st, pace)] = _merge(pooled.get((st, pace)), r)
-        for (st, pace), r in pooled.items():
-            print(f"\n--- {_label(st, pace)}", flush=True)
-            report(r, "none: control" if st == CONTROL else args.trigger)
+                    print(f"  round {round_no}, {v.label()}: {_ratio_line(r)}", flush=True)
+                pooled[v] = _merge(pooled.get(v), r)
+        for v, r in pooled.items():
+            print(f"\n--- {v.label()}", flush=True)
+            report(r, "none: control" if v.strategy == CONTROL else args.trigger)
     return 0
 
 

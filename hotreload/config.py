@@ -97,6 +97,9 @@ class ModelConfig:
     #: How many requests the router keeps in flight inside the worker (pipelining).
     max_inflight: int = 8
     threads: Threads | None = None
+    #: CPUs of its own for the serving worker (engine/cpus.py): "auto" (as many as `threads`
+    #: when at least one CPU is left for the rest), "off", or explicit CPU ids.
+    cpus: str | tuple[int, ...] = "auto"
     env: Mapping[str, str] = field(default_factory=dict)
     watch: tuple[Path, ...] = ()
     ignore: tuple[str, ...] = ()
@@ -239,6 +242,37 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
 # Validation
 
 
+_CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def _cpus(m: _Checker) -> str | tuple[int, ...]:
+    """`cpus`: "auto", "off", a list of CPU ids, or the kernel's list format ("2-3,6")."""
+    what = '"auto", "off", a list of CPU ids such as [2, 3], or "2-3"'
+    raw = m.get("cpus", (str, list), "auto", what)
+    if raw in ("auto", "off"):
+        return str(raw)
+    ids: list[int] = []
+    if isinstance(raw, str):
+        text = raw.replace(" ", "")
+        if not _CPU_LIST_RE.match(text):
+            m.fail(m.sub("cpus"), f"expected {what}, got {raw!r}")
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            if hi and int(hi) < int(lo):
+                m.fail(m.sub("cpus"), f"range {part!r} runs backwards; write it low-high")
+            ids.extend(range(int(lo), int(hi or lo) + 1))
+    else:
+        for i, c in enumerate(raw):
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                m.fail(f"{m.sub('cpus')}[{i}]", f"expected a CPU id >= 0, got {c!r}")
+            ids.append(c)
+    if not ids:
+        m.fail(m.sub("cpus"), f'expected at least one CPU id (or "off"), got {raw!r}')
+    if len(set(ids)) != len(ids):
+        m.fail(m.sub("cpus"), f"CPU ids repeat in {raw!r}")
+    return tuple(sorted(ids))
+
+
 class _Checker:
     """Reads typed values out of one TOML table, reporting errors with the full key path."""
 
@@ -333,6 +367,7 @@ _MODEL_KEYS = (
     "request_timeout_s",
     "max_inflight",
     "threads",
+    "cpus",
     "env",
     "watch",
     "ignore",
@@ -520,6 +555,8 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
                 f"expected a count or {{ intra_op = N, inter_op = N }}, got {_kind(raw)}",
             )
 
+    cpus = _cpus(m)
+
     env_raw = m.get("env", dict, {}, 'a table of NAME = "value"')
     for k, v in env_raw.items():
         if not isinstance(v, str):
@@ -568,6 +605,7 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         or 30.0,
         max_inflight=m.integer("max_inflight", 8, minimum=1, maximum=1024),
         threads=threads,
+        cpus=cpus,
         env=dict(env_raw),
         watch=tuple(watch),
         ignore=m.str_list("ignore"),

@@ -30,6 +30,9 @@ warmup_iters = 3                     # example passes before a version serves
 max_queue_size = 256                 # a full queue rejects at once ("Exceeds maximum queue size")
 request_timeout_s = 30.0
 threads = 1                          # torch threads; or { intra_op = 2, inter_op = 1 }
+# cpus = "auto"                      # CPUs of its own for the serving worker: "auto" (as
+                                     #   many as intra-op threads, when one is left for
+                                     #   reloads), "off", or ids: [3] or "2-3"
 policy = "auto"                      # "availability" (load next, then swap), "resource"
                                      #   (unload first), "auto" (availability if memory allows)
 strategy = "inplace"                 # "inplace" (re-import in the same worker) or "respawn"

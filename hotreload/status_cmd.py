@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hotreload.engine.cpus import format_cpus
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
 from hotreload.session_call import call_session
 
@@ -35,6 +36,12 @@ def format_status(status: dict[str, Any]) -> str:
             f"{lat['p50_ms']:>8.2f} {lat['p95_ms']:>8.2f} {lat['p99_ms']:>8.2f} "
             f"{req['ok']:>8} {req['rejected']:>5} {req['timed_out']:>5} {req['failed']:>5} {mem:>9}"
         )
+        cpus = m.get("cpus")
+        if cpus:
+            lines.append(
+                f"  serving worker on CPU {format_cpus(cpus['serving'])}, reloads and standby "
+                f"on CPU {format_cpus(cpus['rest'])}"
+            )
         standby = m.get("standby")
         if standby:
             lines.append(

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from hotreload.config import Config, ModelConfig
+from hotreload.engine.cpus import pin_process
 from hotreload.engine.events import EventBus
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.snapshots import Snapshot, code_paths
@@ -102,6 +103,10 @@ class ModelHost:
         #: True while the reloader holds this model: a worker death or a hung forward is then
         #: the reloader's to handle (after its phases), so no restart races its swap.
         self.reloading = False
+        #: The serving worker's own CPUs, and everything else's (None: not pinned). Set by
+        #: the session from its CpuPlan before any worker starts.
+        self.cpus: frozenset[int] | None = None
+        self.cpus_rest: frozenset[int] = frozenset()
         #: Called after a wedged worker was killed, before its replacement starts.
         self.escalate: Callable[[ModelHost], Awaitable[None]] | None = None
 
@@ -162,6 +167,17 @@ class ModelHost:
                 "worker_started", model=self.name, pid=worker.pid, device=worker.device
             )
         return worker
+
+    def place(self, worker: WorkerProcess, *, serving: bool) -> None:
+        """The serving worker on this model's CPUs, all but its loader thread (a build runs
+        there); any other worker on the rest. Nothing when the model is not pinned."""
+        if self.cpus is None or worker.pid is None:
+            return
+        if serving:
+            builds = {worker.loader_tid: self.cpus_rest} if worker.loader_tid else {}
+            pin_process(worker.pid, self.cpus, builds)
+        else:
+            pin_process(worker.pid, self.cpus_rest)
 
     def adopt(self, worker: WorkerProcess) -> None:
         """From now on its death is this model's business (restart, retries)."""
@@ -236,8 +252,13 @@ class ModelHost:
     ) -> None:
         """Make `worker` serving `info` the live one and open the gate. With `handover`,
         requests in flight on the previous worker finish there (see ModelRouter.handover)."""
-        self.worker = worker
+        previous, self.worker = self.worker, worker
         self.current = info
+        self.place(worker, serving=True)
+        if previous is not None and previous is not worker and not handover:
+            # Drained already, or dead. One handed over from keeps the serving CPUs until
+            # its requests are done (respawn moves it then).
+            self.place(previous, serving=False)
         # Requests are checked against the serving version's inputs, switched at the swap.
         self.router.input_form, self.router.input_signature = info.input_form, info.inputs
         self.set_state("serving", version=info.version)
@@ -439,6 +460,10 @@ class ModelHost:
                 if k in ws
             },
             "standby": self._standby_status(),
+            # Where the serving worker runs, and everything else (None: not pinned).
+            "cpus": None
+            if self.cpus is None
+            else {"serving": sorted(self.cpus), "rest": sorted(self.cpus_rest)},
         }
 
     def _standby_status(self) -> dict[str, Any] | None:

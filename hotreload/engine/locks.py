@@ -28,7 +28,7 @@ def default_lock_dir() -> Path:
     return Path(tempfile.gettempdir()) / "hotreload-locks"
 
 
-def _open_lock_file(folder: Path, key: str) -> int:
+def open_lock_file(folder: Path, key: str) -> int:
     try:
         folder.mkdir(mode=0o1777, parents=True, exist_ok=True)
         if folder.stat().st_uid == os.getuid():
@@ -65,7 +65,7 @@ class DeviceLocks:
         if self._lock(key).locked():
             contended_since = time.monotonic()
         async with self._lock(key):
-            fd = await asyncio.to_thread(_open_lock_file, self.folder, key)
+            fd = await asyncio.to_thread(open_lock_file, self.folder, key)
             told = False
             try:
                 while True:

@@ -99,6 +99,8 @@ def format_event(e: dict[str, Any]) -> str | None:
         return str(e.get("detail"))
     if kind == "http_started":
         return f"http: listening on {e.get('url')}\nhttp: metrics on {e.get('metrics_url')}"
+    if kind == "cpus":
+        return f"cpus: {e.get('detail')}"
     if kind == "gpu_unavailable":
         return f"no GPU data: {e.get('reason')}"
     if kind == "gpu_reset":

@@ -303,6 +303,9 @@ class RespawnPhases(ReloadPhases):
             old_gone: str | None = None
             try:
                 await self._phase("drain", outcome, drain)
+                # Its requests done on the serving CPUs (moved now, they would wait for a
+                # CPU behind the session's own work): the rest of its life is reload work.
+                host.place(old, serving=False)
                 await self._phase("sync", outcome, lambda: self._sync_streams(old))
             except PhaseFailed as exc:
                 old_gone = "wedged" if isinstance(exc, Wedged) else "failed"

@@ -79,6 +79,9 @@ def run_with_config(
         return EXIT_USAGE
     try:
         return run(config)
+    except ConfigError as exc:  # checked against this machine at start (`cpus`)
+        print(f"hotreload: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except HotreloadError as exc:
         print(f"hotreload: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT

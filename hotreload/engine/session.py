@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config
+from hotreload.engine.cpus import CpuPlan, available_cpus, pin_self, plan_cpus
 from hotreload.engine.endpoint import Endpoint, Reply
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import ModelHost
@@ -67,6 +68,9 @@ class Session:
             fast_handlers={"infer": self._op_infer},
         )
         self.started_at = time.time()
+        #: Who runs on which CPUs (made at open); the affinity to restore at stop.
+        self.cpu_plan = CpuPlan()
+        self._cpus_before: frozenset[int] | None = None
         self.with_endpoint = endpoint
         self._opened = False
         #: The KServe v2 HTTP endpoint (`hotreload.http.HttpEndpoint`) when enabled.
@@ -89,18 +93,23 @@ class Session:
         is up. Raises HotreloadError when another session serves on the socket."""
         if self._opened:
             return
+        self._place_on_cpus()
         self._opened = True
-        if self.with_endpoint:
-            await self.endpoint.start()
-            self._write_session_file()
-            http = self.config.http
-            if http.enabled:
-                # Before the models start, so readiness is observable during warm-up.
-                from hotreload.http import start_http
+        try:
+            if self.with_endpoint:
+                await self.endpoint.start()
+                self._write_session_file()
+                http = self.config.http
+                if http.enabled:
+                    # Before the models start, so readiness is observable during warm-up.
+                    from hotreload.http import start_http
 
-                self.http = await start_http(
-                    self, http.host, http.port, metrics_port=http.metrics_port
-                )
+                    self.http = await start_http(
+                        self, http.host, http.port, metrics_port=http.metrics_port
+                    )
+        except BaseException:
+            self._leave_cpus()  # stop() may never run: an embedding process keeps its CPUs
+            raise
         await self.telemetry.start()
         await asyncio.to_thread(_prune_stale_snapshots, self.snapshot_dir.parent)
         self.events.emit(
@@ -148,8 +157,36 @@ class Session:
             self._remove_session_file()
         await self.telemetry.stop()
         await asyncio.to_thread(_remove_snapshots, self.snapshot_dir)
+        self._leave_cpus()
         self.events.emit("session_stopped")
         self.events.close()
+
+    def _place_on_cpus(self) -> None:
+        """Claim each model's serving CPUs (engine/cpus.py) and move this process onto the
+        rest: the workers it starts (standby, builds) inherit that. Raises ConfigError for
+        an explicit `cpus` this machine cannot honour."""
+        available = available_cpus()
+        plan = plan_cpus(self.config.models, available)
+        self.cpu_plan = plan
+        if plan.serving:
+            self._cpus_before = frozenset(os.sched_getaffinity(0))
+            pin_self(plan.rest)
+            for name, cpus in plan.serving.items():
+                self.hosts[name].cpus, self.hosts[name].cpus_rest = cpus, plan.rest
+        if plan.serving or plan.notes:
+            self.events.emit(
+                "cpus",
+                serving={k: sorted(v) for k, v in plan.serving.items()},
+                rest=sorted(plan.rest),
+                detail=plan.describe(),
+            )
+
+    def _leave_cpus(self) -> None:
+        """Release the claims; an embedding process (tests) gets its CPUs back."""
+        self.cpu_plan.release()
+        if self._cpus_before is not None:
+            pin_self(self._cpus_before)
+            self._cpus_before = None
 
     def _session_file(self) -> Path:
         return self.state_dir / "session.json"

@@ -78,6 +78,8 @@ class WatchSession:
             await self.session.start()
         except BringUpError as exc:
             self.start_error = {"phase": exc.phase, "error": str(exc)}
+        except ConfigError:
+            raise  # `cpus` this machine cannot honour: no save fixes that, the config does
         except Exception as exc:  # spawning failed (EMFILE, ENOMEM), or a bug of ours
             self.start_error = {"phase": "start", "error": repr(exc)}
         await self.watcher.start()

@@ -102,6 +102,8 @@ class WorkerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.device: str | None = None
+        #: The worker's loader thread (builds), kept off the serving CPUs (engine/cpus.py).
+        self.loader_tid: int | None = None
         self._conn: FrameProtocol | None = None
         #: Runs after the channel closed: makes sure the process goes away too.
         self._eof_task: asyncio.Task[None] | None = None
@@ -170,6 +172,7 @@ class WorkerProcess:
         if not hello.header.get("ok"):
             raise WorkerReplyError(hello.header.get("error", {}))
         self.device = hello.header.get("device")
+        self.loader_tid = hello.header.get("loader_tid")
 
     async def _watch_exit(self) -> None:
         assert self.proc is not None

@@ -409,10 +409,12 @@ class Worker:
         serve_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         control_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         queues = {"serve": serve_q, "loader": self.load_q, "control": control_q}
+        started: dict[str, threading.Thread] = {}
         for name, q in queues.items():
-            threading.Thread(
+            started[name] = threading.Thread(
                 target=self._thread_loop, args=(q, name), name=f"hotreload-{name}", daemon=True
-            ).start()
+            )
+            started[name].start()
         routes: dict[str, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
             "infer": (serve_q, self.op_infer),
             "load": (self.load_q, self.op_load),
@@ -427,7 +429,15 @@ class Worker:
             "ping": (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
         }
         self.send(
-            {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
+            {
+                "id": 0,
+                "ok": True,
+                "hello": True,
+                "pid": os.getpid(),
+                "device": str(self.device),
+                # The manager keeps this thread (builds) off the serving CPUs (engine/cpus.py).
+                "loader_tid": started["loader"].native_id,
+            }
         )
         reader = SocketFrameReader(self.sock, self.max_frame)
         while self.running:
