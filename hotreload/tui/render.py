@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.text import Text
 
+from hotreload.engine.cpus import format_cpus
 from hotreload.engine.printer import describe_xid_sources
 from hotreload.engine.reloader import ReloadOutcome
 from hotreload.gpu.readings import GpuSnapshot
@@ -216,6 +217,9 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
         else:
             rss = (m.get("worker") or {}).get("rss_bytes")
             line.append(f"pid {m.get('pid') or '-'} RSS {mib(rss)} MiB")
+        cpus = m.get("cpus")
+        if cpus:
+            line.append(f" on CPU {format_cpus(cpus['serving'])}", "dim")
         lines.append(line)
         grown = state.growth(m)
         if grown is not None:

@@ -90,3 +90,20 @@ def test_the_memory_panel_shows_a_standby_worker() -> None:
     standby = {"pid": 4242, "rss_bytes": 230 * 2**20, "reuses": 1}
     state.update(replace(samples[-1], models=({**m, "standby": standby},)))
     assert "standby pid 4242 RSS 230.0 MiB" in memory_text(state, m["name"], 60).plain
+
+
+def test_memory_panel_names_the_serving_workers_cpus() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.render import memory_text
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    (m,) = samples[-1].models
+    state = DashboardState()
+    state.update(replace(samples[-1], models=({**m, "cpus": None},)))
+    assert "on CPU" not in memory_text(state, m["name"], 60).plain
+    pinned = {"serving": [2, 3], "rest": [0, 1]}
+    state.update(replace(samples[-1], models=({**m, "cpus": pinned},)))
+    assert "RSS" in (text := memory_text(state, m["name"], 60).plain)
+    assert "MiB on CPU 2-3" in text
