@@ -111,6 +111,7 @@ async def watch_with_dashboard(ws: WatchSession) -> int:
                 str(ws.session.socket_path),
                 "--owner",
             )
+            ws.session.release_from_cpus(child.pid)
             with output_to(log_fd):
                 starting = asyncio.ensure_future(ws.start_keep_going())
                 exited = asyncio.ensure_future(child.wait())

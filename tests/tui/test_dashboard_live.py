@@ -291,6 +291,11 @@ def test_watch_in_a_terminal_draws_in_its_own_lower_priority_process_and_q_stops
     wait_until(lambda: "Reloads" in w.text and "Xid events" in w.text, 30, what="the screen")
     dash = _dashboard_of(w)
     assert dash.nice() == 10 and psutil.Process(w.proc.pid).nice() == 0
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1:
+        # The session keeps off the serving CPU (`cpus`); its niced drawing may go anywhere.
+        everywhere = os.sched_getaffinity(0)
+        assert set(psutil.Process(w.proc.pid).cpu_affinity()) < everywhere
+        assert set(dash.cpu_affinity()) == everywhere
     procs = w.tree()
     assert len(procs) >= 2  # the dashboard and the model's worker
 
