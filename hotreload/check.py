@@ -422,6 +422,9 @@ def check_main(
     t0 = time.monotonic()
     try:
         reports = asyncio.run(_check(config, models, n, budget))
+    except ConfigError as exc:  # checked against this machine at start (`cpus`)
+        print(f"hotreload check: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except HotreloadError as exc:
         print(f"hotreload check: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT

@@ -242,6 +242,8 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
 # Validation
 
 
+#: Linux's own limit on CPU ids (CONFIG_NR_CPUS at most 8192): a range beyond is a typo.
+MAX_CPU_ID = 8191
 _CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
@@ -260,6 +262,11 @@ def _cpus(m: _Checker) -> str | tuple[int, ...]:
             lo, _, hi = part.partition("-")
             if hi and int(hi) < int(lo):
                 m.fail(m.sub("cpus"), f"range {part!r} runs backwards; write it low-high")
+            if int(hi or lo) > MAX_CPU_ID:
+                m.fail(
+                    m.sub("cpus"),
+                    f"CPU id {hi or lo} is past the largest Linux allows ({MAX_CPU_ID})",
+                )
             ids.extend(range(int(lo), int(hi or lo) + 1))
     else:
         for i, c in enumerate(raw):
@@ -268,6 +275,8 @@ def _cpus(m: _Checker) -> str | tuple[int, ...]:
             ids.append(c)
     if not ids:
         m.fail(m.sub("cpus"), f'expected at least one CPU id (or "off"), got {raw!r}')
+    if max(ids) > MAX_CPU_ID:
+        m.fail(m.sub("cpus"), f"CPU id {max(ids)} is past the largest Linux allows ({MAX_CPU_ID})")
     if len(set(ids)) != len(ids):
         m.fail(m.sub("cpus"), f"CPU ids repeat in {raw!r}")
     return tuple(sorted(ids))

@@ -11,13 +11,14 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hotreload import Client
 from hotreload.config import ModelConfig, Threads, load_config
 from hotreload.engine.cpus import SUPPORTED, CpuPlan, format_cpus, plan_cpus
 from hotreload.engine.session import Session
-from hotreload.errors import ConfigError
+from hotreload.errors import ConfigError, HotreloadError
 from hotreload.status_cmd import format_status
 from tests.support import count_events, make_project, read_events, wait_until
 
@@ -91,7 +92,7 @@ def test_auto_without_threads_and_off_pin_nothing(model, plans) -> None:
     plan = plans(models(model, ("free", "auto", None), ("no", "off", 1)), {0, 1, 2, 3})
     assert plan.serving == {} and plan.claims == []
     assert plan.notes == [
-        "free not pinned: `threads` is not set, so torch uses every core "
+        "free not pinned: `threads` is not set, so torch would use every core "
         "(set threads = N to give it N CPUs of its own)"
     ]
     off = plans(models(model, ("no", "off", 1)), {0, 1})
@@ -160,6 +161,8 @@ def test_cpus_config_values(tmp_path: Path, line: str, expected: object) -> None
         ("cpus = [1, 1]", "CPU ids repeat"),
         ("cpus = []", "expected at least one CPU id"),
         ('cpus = [0, "1"]', r"models\[0\]\.cpus\[1\]: expected a CPU id >= 0, got '1'"),
+        ('cpus = "0-99999999"', r"CPU id 99999999 is past the largest Linux allows \(8191\)"),
+        ("cpus = [9000]", r"CPU id 9000 is past the largest"),
     ],
 )
 def test_bad_cpus_values_say_what_to_write(tmp_path: Path, line: str, message: str) -> None:
@@ -190,8 +193,8 @@ needs_two = pytest.mark.skipif(
 
 @needs_two
 def test_serving_worker_gets_its_cpu_and_reload_work_the_rest(tmp_path: Path, serve) -> None:
-    """respawn: the serving worker on the last CPU (its loader thread not), the manager and
-    the standby on the others; after a reload the roles, and the CPUs, swap."""
+    """respawn: the serving worker on the last CPU, the manager and the standby on the
+    others; after a reload the roles, and the CPUs, swap."""
     allowed = frozenset(os.sched_getaffinity(0))
     mine, rest = frozenset({max(allowed)}), allowed - {max(allowed)}
     config = make_project(tmp_path)
@@ -204,10 +207,7 @@ def test_serving_worker_gets_its_cpu_and_reload_work_the_rest(tmp_path: Path, se
     def check_placement() -> tuple[int, int]:
         serving = client.status()["models"][0]["pid"]
         standby = client.status()["models"][0]["standby"]["pid"]
-        threads = affinities(serving)
-        on_rest = [t for t, cpus in threads.items() if cpus == rest]
-        assert len(on_rest) == 1, threads  # the loader thread: builds stay off `mine`
-        assert all(cpus == mine for t, cpus in threads.items() if t not in on_rest), threads
+        assert set(affinities(serving).values()) == {mine}
         assert set(affinities(standby).values()) == {rest}
         assert set(affinities(proc.proc.pid).values()) == {rest}
         return serving, standby
@@ -218,6 +218,52 @@ def test_serving_worker_gets_its_cpu_and_reload_work_the_rest(tmp_path: Path, se
     client.reload("mlp")
     wait_until(lambda: client.status()["models"][0]["standby"] is not None, 60, what="the standby")
     assert check_placement() == (standby, serving), "the two workers swapped roles"
+
+
+#: A build that starts a thread of its own (a prefetcher, a pool), as torch's OpenMP pool
+#: does for the thread that builds.
+BUILD_STARTS_A_THREAD = """
+import threading
+import time
+
+import model_base
+
+
+def build():
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    return model_base.build()
+
+
+example_input = model_base.example_input
+"""
+
+
+@needs_two
+def test_an_inplace_build_and_the_threads_it_starts_stay_off_the_serving_cpu(
+    tmp_path: Path, serve
+) -> None:
+    """inplace: the build runs in the serving worker, on its loader thread, which keeps
+    itself and every thread a build started on the rest; the serving threads stay."""
+    allowed = frozenset(os.sched_getaffinity(0))
+    mine, rest = frozenset({max(allowed)}), allowed - {max(allowed)}
+    config = make_project(tmp_path)
+    folder = config.parent
+    (folder / "model.py").rename(folder / "model_base.py")
+    (folder / "model.py").write_text(BUILD_STARTS_A_THREAD)
+    serve(config)
+    client = Client(config=config, timeout_s=60)
+    pid = client.status()["models"][0]["pid"]
+    # Built before it served: the whole process then moved onto the serving CPU.
+    assert set(affinities(pid).values()) == {mine}
+    (folder / "model.py").write_text(BUILD_STARTS_A_THREAD + "\n# edited\n")
+    assert client.reload("mlp")["outcomes"][0]["ok"]
+    assert client.infer("mlp", np.zeros((1, 64), np.float32)).version == 2
+    threads = affinities(pid)
+    on_rest = [t for t, cpus in threads.items() if cpus == rest]
+    # The loader thread, v1's thread (moved back for this build) and v2's.
+    assert len(on_rest) == 3, threads
+    assert all(cpus == mine for t, cpus in threads.items() if t not in on_rest), threads
+    assert client.status()["models"][0]["pid"] == pid
 
 
 @needs_two
@@ -258,3 +304,25 @@ def test_an_embedding_process_gets_its_cpus_back(project: Path) -> None:
     during, after = asyncio.run(run())
     assert during == before - {max(before)}
     assert after == before
+
+
+@needs_two
+def test_a_session_that_fails_to_open_gives_the_cpus_back(tmp_path: Path, serve) -> None:
+    """Its socket taken by a running session: open() raises after the CPUs were placed."""
+    before = frozenset(os.sched_getaffinity(0))
+    config = make_project(tmp_path)
+    # Explicit, so the second session pins too although the first holds the claim.
+    cpus = f"threads = 1\ncpus = [{max(before)}]"
+    config.write_text(config.read_text().replace("threads = 1", cpus))
+    serve(config)
+
+    async def run() -> Session:
+        session = Session(load_config(config), telemetry=False)
+        with pytest.raises(HotreloadError, match="already"):
+            await session.open()
+        return session
+
+    session = asyncio.run(run())
+    assert session.cpu_plan.serving == {"mlp": {max(before)}}
+    assert frozenset(os.sched_getaffinity(0)) == before
+    assert session.cpu_plan.claims == []

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hotreload.engine.router import HANDOVER_HOLD_S, ModelRouter
+from hotreload.engine.worker_proc import WorkerDied
 from hotreload.protocol.framing import Frame
 
 
@@ -91,5 +92,26 @@ def test_an_idle_old_worker_hands_over_at_once() -> None:
         r.handover(new)  # type: ignore[arg-type]
         submit(r, [])
         assert len(new.sent) == 1 and old.sent == []
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_an_old_worker_that_dies_in_the_hold_has_its_requests_retried_on_the_new() -> None:
+    async def run() -> None:
+        r, old, new = router(), RecordingWorker(), RecordingWorker()
+        r.worker = old  # type: ignore[assignment]
+        r.open_gate()
+        done: list[Frame | None] = []
+        submit(r, done)
+        r.handover(new)  # type: ignore[arg-type]
+        submit(r, done)
+        assert new.sent == []
+        old.sent[0](None, WorkerDied("killed"))
+        assert len(new.sent) == 2, "the retried request and the queued one"
+        assert r.draining == 0 and await r.drain_previous(1.0)
+        new.reply(0)
+        new.reply(1)
+        assert len(done) == 2 and all(f is not None for f in done)
+        assert r.counters.retried == 1
 
     asyncio.run(asyncio.wait_for(run(), 30))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,7 +92,10 @@ def available_cpus() -> frozenset[int]:
 def _try_claim(folder: Path, cpu: int) -> int | None:
     """A lock on `cpu` for this process's life (its descriptor), or None if another session
     holds it. The file names the holder's pid, as the reload locks do."""
-    fd = open_lock_file(folder, f"cpu{cpu}")
+    try:
+        fd = open_lock_file(folder, f"cpu{cpu}")
+    except OSError:
+        return None  # another user's file we may not open, or no descriptors left: unclaimed
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -187,7 +190,7 @@ def _claim_auto(
 ) -> None:
     if m.threads is None:
         plan.notes.append(
-            f"{m.name} not pinned: `threads` is not set, so torch uses every core "
+            f"{m.name} not pinned: `threads` is not set, so torch would use every core "
             "(set threads = N to give it N CPUs of its own)"
         )
         return
@@ -222,27 +225,26 @@ def _claim_auto(
 # ---------------------------------------------------------------------- applying it
 
 
-def pin_process(
-    pid: int, cpus: frozenset[int], exceptions: Mapping[int, frozenset[int]] | None = None
-) -> bool:
-    """Move every thread of `pid` onto `cpus` (threads in `exceptions`, by native id, onto
-    their own set). Threads started later inherit their creator's mask. False when the
-    process is gone or the kernel refused."""
-    exceptions = exceptions or {}
+def pin_process(pid: int, cpus: frozenset[int]) -> bool:
+    """Move every thread of `pid` onto `cpus`; threads started later inherit their creator's
+    mask. False when the process is gone or the kernel refused a thread."""
     done: set[int] = set()
-    try:
-        # Twice: a thread started while we walk the list inherits its creator's old mask.
-        for _ in range(2):
+    ok = True
+    # Twice: a thread started while we walk the list inherits its creator's old mask.
+    for _ in range(2):
+        try:
             tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
-            if not tids:
-                break
-            for tid in tids:
-                with contextlib.suppress(ProcessLookupError):  # that thread just ended
-                    os.sched_setaffinity(tid, exceptions.get(tid, cpus))
-            done |= tids
-    except OSError:
-        return False
-    return True
+        except OSError:
+            return False  # the process is gone
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:
+                pass  # that thread just ended
+            except OSError:
+                ok = False  # not allowed: the others still move
+        done |= tids
+    return ok
 
 
 def pin_self(cpus: frozenset[int]) -> bool:

@@ -107,6 +107,7 @@ class ModelHost:
         #: the session from its CpuPlan before any worker starts.
         self.cpus: frozenset[int] | None = None
         self.cpus_rest: frozenset[int] = frozenset()
+        self._pin_failed = False
         #: Called after a wedged worker was killed, before its replacement starts.
         self.escalate: Callable[[ModelHost], Awaitable[None]] | None = None
 
@@ -149,6 +150,8 @@ class ModelHost:
         worker = WorkerProcess(
             self.model, self.config, self.generation, code, boot_nice=STANDBY_NICE if standby else 0
         )
+        if self.cpus is not None:
+            worker.build_cpus = self.cpus_rest
         # A standby imports at idle priority on cores busy serving: give it time.
         deadline = self.model.deadlines.start_s * (STANDBY_START_FACTOR if standby else 1)
         try:
@@ -169,15 +172,20 @@ class ModelHost:
         return worker
 
     def place(self, worker: WorkerProcess, *, serving: bool) -> None:
-        """The serving worker on this model's CPUs, all but its loader thread (a build runs
-        there); any other worker on the rest. Nothing when the model is not pinned."""
-        if self.cpus is None or worker.pid is None:
+        """The serving worker on this model's CPUs, any other worker on the rest (its
+        builds keep themselves on the rest: worker/placement.py). Nothing when the model is
+        not pinned, or for a worker that has exited (its pid may already be another's)."""
+        if self.cpus is None or worker.pid is None or not worker.alive:
             return
-        if serving:
-            builds = {worker.loader_tid: self.cpus_rest} if worker.loader_tid else {}
-            pin_process(worker.pid, self.cpus, builds)
-        else:
-            pin_process(worker.pid, self.cpus_rest)
+        moved = pin_process(worker.pid, self.cpus if serving else self.cpus_rest)
+        if not moved and worker.alive and not self._pin_failed:
+            self._pin_failed = True
+            self.events.emit(
+                "cpus_failed",
+                model=self.name,
+                pid=worker.pid,
+                detail="could not move every thread of the worker; it runs where it is",
+            )
 
     def adopt(self, worker: WorkerProcess) -> None:
         """From now on its death is this model's business (restart, retries)."""
@@ -254,7 +262,8 @@ class ModelHost:
         requests in flight on the previous worker finish there (see ModelRouter.handover)."""
         previous, self.worker = self.worker, worker
         self.current = info
-        self.place(worker, serving=True)
+        if previous is not worker:  # an in-place reload keeps its place
+            self.place(worker, serving=True)
         if previous is not None and previous is not worker and not handover:
             # Drained already, or dead. One handed over from keeps the serving CPUs until
             # its requests are done (respawn moves it then).

@@ -101,6 +101,8 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"http: listening on {e.get('url')}\nhttp: metrics on {e.get('metrics_url')}"
     if kind == "cpus":
         return f"cpus: {e.get('detail')}"
+    if kind == "cpus_failed":
+        return f"{m}: warning: worker pid {e.get('pid')}: {e.get('detail')}"
     if kind == "gpu_unavailable":
         return f"no GPU data: {e.get('reason')}"
     if kind == "gpu_reset":

@@ -94,7 +94,7 @@ class ModelRouter:
         self._drained = asyncio.Event()
         self._drained.set()
         self.unavailable_reason: str | None = None
-        #: Until then (loop time), the worker handed over to waits for the old one to drain.
+        #: Until then (time.monotonic), the worker handed over to waits for the old one.
         self._hold_until = 0.0
 
     # ------------------------------------------------------------------ figures
@@ -309,11 +309,14 @@ class ModelRouter:
         self._inflight = set()
         if self._draining:
             self._drained.clear()
-            loop = asyncio.get_running_loop()
-            self._hold_until = loop.time() + HANDOVER_HOLD_S
-            loop.call_at(self._hold_until, self.pump)
+            self._hold_until = time.monotonic() + HANDOVER_HOLD_S
+            asyncio.get_running_loop().call_later(HANDOVER_HOLD_S, self._end_hold)
         self.worker = worker
         self.open_gate()
+
+    def _end_hold(self) -> None:
+        self._hold_until = 0.0  # not compared against a clock: a timer early by a tick is fine
+        self.pump()
 
     async def drain_previous(self, timeout_s: float) -> bool:
         """Wait until the worker handed over from holds no request; False on timeout."""

@@ -107,11 +107,11 @@ class Session:
                     self.http = await start_http(
                         self, http.host, http.port, metrics_port=http.metrics_port
                     )
+            await self.telemetry.start()
+            await asyncio.to_thread(_prune_stale_snapshots, self.snapshot_dir.parent)
         except BaseException:
             self._leave_cpus()  # stop() may never run: an embedding process keeps its CPUs
             raise
-        await self.telemetry.start()
-        await asyncio.to_thread(_prune_stale_snapshots, self.snapshot_dir.parent)
         self.events.emit(
             "session_started",
             socket=str(self.socket_path),
@@ -145,19 +145,21 @@ class Session:
     async def stop(self) -> None:
         """Stop intake, drain and stop every worker, remove the socket."""
         self.events.emit("session_stopping")
-        for reloader in self.reloaders.values():
-            await reloader.close()
-        await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
-        if self.http is not None:
-            # After the hosts drained: HTTP requests in flight got their replies.
-            with contextlib.suppress(Exception):
-                await self.http.close()
-        if self.with_endpoint:
-            await self.endpoint.close()
-            self._remove_session_file()
-        await self.telemetry.stop()
-        await asyncio.to_thread(_remove_snapshots, self.snapshot_dir)
-        self._leave_cpus()
+        try:
+            for reloader in self.reloaders.values():
+                await reloader.close()
+            await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
+            if self.http is not None:
+                # After the hosts drained: HTTP requests in flight got their replies.
+                with contextlib.suppress(Exception):
+                    await self.http.close()
+            if self.with_endpoint:
+                await self.endpoint.close()
+                self._remove_session_file()
+            await self.telemetry.stop()
+            await asyncio.to_thread(_remove_snapshots, self.snapshot_dir)
+        finally:
+            self._leave_cpus()
         self.events.emit("session_stopped")
         self.events.close()
 
@@ -190,8 +192,11 @@ class Session:
             pin_process(pid, self._cpus_before)
 
     def _leave_cpus(self) -> None:
-        """Release the claims; an embedding process (tests) gets its CPUs back."""
+        """Release the claims; an embedding process (tests) gets its CPUs back. Several
+        sessions in one process restore correctly only when stopped in reverse order."""
         self.cpu_plan.release()
+        for host in self.hosts.values():
+            host.cpus, host.cpus_rest = None, frozenset()
         if self._cpus_before is not None:
             pin_self(self._cpus_before)
             self._cpus_before = None

@@ -102,8 +102,8 @@ class WorkerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
         self.device: str | None = None
-        #: The worker's loader thread (builds), kept off the serving CPUs (engine/cpus.py).
-        self.loader_tid: int | None = None
+        #: CPUs its builds run on, off the serving ones (engine/cpus.py; None: not pinned).
+        self.build_cpus: frozenset[int] | None = None
         self._conn: FrameProtocol | None = None
         #: Runs after the channel closed: makes sure the process goes away too.
         self._eof_task: asyncio.Task[None] | None = None
@@ -126,6 +126,7 @@ class WorkerProcess:
         env = dict(os.environ)
         spec = worker_spec(self.model, self.config, self.code)
         spec["boot_nice"] = self.boot_nice
+        spec["build_cpus"] = sorted(self.build_cpus) if self.build_cpus else None
         env[SPEC_ENV] = json.dumps(spec)
         env[FD_ENV] = str(child.fileno())
         try:
@@ -172,7 +173,6 @@ class WorkerProcess:
         if not hello.header.get("ok"):
             raise WorkerReplyError(hello.header.get("error", {}))
         self.device = hello.header.get("device")
-        self.loader_tid = hello.header.get("loader_tid")
 
     async def _watch_exit(self) -> None:
         assert self.proc is not None

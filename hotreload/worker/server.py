@@ -29,6 +29,7 @@ from hotreload.worker import loader
 from hotreload.worker.fresh_source import compile_from_source
 from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
+from hotreload.worker.placement import BuildPlacement
 
 _STOP = object()
 
@@ -52,6 +53,8 @@ class Worker:
         self.busy_total = 0.0
         self.process = psutil.Process()
         self.running = True
+        #: CPUs builds run on, off the serving ones (None: the model is not pinned).
+        self.build_cpus: list[int] | None = spec.get("build_cpus")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -74,20 +77,29 @@ class Worker:
             # Forwards only: inference mode once for the thread's life, not per request.
             with torch.inference_mode():
                 self._run_queue(q)
+        elif name == "loader" and self.build_cpus is not None:
+            self._run_queue(q, BuildPlacement(self.build_cpus))
         else:
             self._run_queue(q)
 
-    def _run_queue(self, q: queue.SimpleQueue[Any]) -> None:
+    def _run_queue(
+        self, q: queue.SimpleQueue[Any], placement: BuildPlacement | None = None
+    ) -> None:
         while True:
             item = q.get()
             if item is _STOP:
                 return
             fn, frame = item
             rid = frame.header.get("id")
+            if placement is not None:
+                placement.enter()
             try:
                 fn(frame)
             except BaseException as exc:
                 self.reply_error(rid, exc)
+            finally:
+                if placement is not None:
+                    placement.leave()
 
     # ------------------------------------------------------------------ serving
 
@@ -409,12 +421,10 @@ class Worker:
         serve_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         control_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         queues = {"serve": serve_q, "loader": self.load_q, "control": control_q}
-        started: dict[str, threading.Thread] = {}
         for name, q in queues.items():
-            started[name] = threading.Thread(
+            threading.Thread(
                 target=self._thread_loop, args=(q, name), name=f"hotreload-{name}", daemon=True
-            )
-            started[name].start()
+            ).start()
         routes: dict[str, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
             "infer": (serve_q, self.op_infer),
             "load": (self.load_q, self.op_load),
@@ -429,15 +439,7 @@ class Worker:
             "ping": (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
         }
         self.send(
-            {
-                "id": 0,
-                "ok": True,
-                "hello": True,
-                "pid": os.getpid(),
-                "device": str(self.device),
-                # The manager keeps this thread (builds) off the serving CPUs (engine/cpus.py).
-                "loader_tid": started["loader"].native_id,
-            }
+            {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
         reader = SocketFrameReader(self.sock, self.max_frame)
         while self.running:
