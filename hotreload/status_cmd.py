@@ -39,7 +39,7 @@ def format_status(status: dict[str, Any]) -> str:
         cpus = m.get("cpus")
         if cpus:
             lines.append(
-                f"  serving worker on CPU {format_cpus(cpus['serving'])}, reloads and standby "
+                f"  serving worker on CPU {format_cpus(cpus['serving'])}, the session and reloads "
                 f"on CPU {format_cpus(cpus['rest'])}"
             )
         standby = m.get("standby")
