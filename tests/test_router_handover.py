@@ -39,15 +39,21 @@ def router() -> ModelRouter:
     return r
 
 
+def serving_old() -> tuple[ModelRouter, RecordingWorker, RecordingWorker]:
+    """A router serving on `old`, and the `new` worker to hand over to."""
+    r, old, new = router(), RecordingWorker(), RecordingWorker()
+    r.worker = old  # type: ignore[assignment]
+    r.open_gate()
+    return r, old, new
+
+
 def submit(r: ModelRouter, done: list[Frame | None]) -> None:
     r.submit({"tensors": [], "form": "single"}, b"", lambda f, e: done.append(f))
 
 
 def test_the_new_worker_starts_when_the_old_one_is_empty() -> None:
     async def run() -> None:
-        r, old, new = router(), RecordingWorker(), RecordingWorker()
-        r.worker = old  # type: ignore[assignment]
-        r.open_gate()
+        r, old, new = serving_old()
         done: list[Frame | None] = []
         for _ in range(2):
             submit(r, done)
@@ -67,9 +73,7 @@ def test_the_new_worker_starts_when_the_old_one_is_empty() -> None:
 
 def test_a_hung_old_worker_holds_the_new_one_only_briefly() -> None:
     async def run() -> None:
-        r, old, new = router(), RecordingWorker(), RecordingWorker()
-        r.worker = old  # type: ignore[assignment]
-        r.open_gate()
+        r, _old, new = serving_old()
         submit(r, [])
         r.handover(new)  # type: ignore[arg-type]
         t0 = time.monotonic()
@@ -86,9 +90,7 @@ def test_a_hung_old_worker_holds_the_new_one_only_briefly() -> None:
 
 def test_an_idle_old_worker_hands_over_at_once() -> None:
     async def run() -> None:
-        r, old, new = router(), RecordingWorker(), RecordingWorker()
-        r.worker = old  # type: ignore[assignment]
-        r.open_gate()
+        r, old, new = serving_old()
         r.handover(new)  # type: ignore[arg-type]
         submit(r, [])
         assert len(new.sent) == 1 and old.sent == []
@@ -98,9 +100,7 @@ def test_an_idle_old_worker_hands_over_at_once() -> None:
 
 def test_an_old_worker_that_dies_in_the_hold_has_its_requests_retried_on_the_new() -> None:
     async def run() -> None:
-        r, old, new = router(), RecordingWorker(), RecordingWorker()
-        r.worker = old  # type: ignore[assignment]
-        r.open_gate()
+        r, old, new = serving_old()
         done: list[Frame | None] = []
         submit(r, done)
         r.handover(new)  # type: ignore[arg-type]

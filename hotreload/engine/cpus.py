@@ -11,10 +11,10 @@ give a production model server.
 
 The plan is made once per session. `auto` gives a model as many CPUs as its torch intra-op
 threads, taken from the highest-numbered free ones, and only while at least one CPU is left
-for the rest. A CPU is claimed with an advisory lock on a file in the user's runtime folder,
-held for the session's life (the kernel drops it when the process dies) in the folder of
-the machine-wide reload locks, so two sessions on one machine, of any user, never pin their
-serving workers to the same core.
+for the rest. A CPU is claimed with an advisory lock on a file in the folder of the
+machine-wide reload locks, held for the session's life (the kernel drops it when the process
+dies), so two sessions on one machine, of any user, never pin their serving workers to the
+same core.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotreload.config import ModelConfig
-from hotreload.engine.locks import default_lock_dir, open_lock_file
+from hotreload.engine.locks import default_lock_dir, mark_holder, open_lock_file
 from hotreload.errors import ConfigError
 
 #: Linux only: elsewhere `cpus` stays "off" (an explicit list is then a config error).
@@ -102,8 +102,7 @@ def _try_claim(folder: Path, cpu: int) -> int | None:
         os.close(fd)
         return None
     with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        mark_holder(fd)
     return fd
 
 
@@ -195,29 +194,27 @@ def _claim_auto(
         )
         return
     need = m.threads.intra_op
-    got: list[int] = []
+    got: dict[int, int] = {}  # cpu -> its claim's descriptor
     for cpu in sorted(available - taken, reverse=True):
         if len(got) == need:
             break
         # Always leave one CPU that no session serves on, for the rest.
-        if not available - taken - set(got) - {cpu}:
+        if not available - taken - got.keys() - {cpu}:
             break
         fd = _try_claim(folder, cpu)
         if fd is None:
             taken.add(cpu)  # another session's
             continue
-        plan.claims.append(fd)
-        got.append(cpu)
+        got[cpu] = fd
     if len(got) < need:
-        mine = plan.claims[len(plan.claims) - len(got) :]
-        del plan.claims[len(plan.claims) - len(got) :]
-        for fd in mine:
+        for fd in got.values():
             os.close(fd)
         plan.notes.append(
             f"{m.name} not pinned: it needs {need} CPU(s) of its own plus one for the rest, "
             f"and {len(available - taken)} of CPU {format_cpus(available)} are free"
         )
         return
+    plan.claims.extend(got.values())
     taken.update(got)
     plan.serving[m.name] = frozenset(got)
 

@@ -264,10 +264,10 @@ class ModelHost:
         self.current = info
         if previous is not worker:  # an in-place reload keeps its place
             self.place(worker, serving=True)
-        if previous is not None and previous is not worker and not handover:
-            # Drained already, or dead. One handed over from keeps the serving CPUs until
-            # its requests are done (respawn moves it then).
-            self.place(previous, serving=False)
+            if previous is not None and not handover:
+                # Drained already, or dead. One handed over from keeps the serving CPUs
+                # until its requests are done (respawn moves it then).
+                self.place(previous, serving=False)
         # Requests are checked against the serving version's inputs, switched at the swap.
         self.router.input_form, self.router.input_signature = info.input_form, info.inputs
         self.set_state("serving", version=info.version)

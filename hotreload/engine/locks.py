@@ -43,6 +43,12 @@ def open_lock_file(folder: Path, key: str) -> int:
     return fd
 
 
+def mark_holder(fd: int) -> None:
+    """Write this process's pid into a lock file it holds (named in "waiting for" lines)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
 class DeviceLocks:
     """`async with locks.hold("cuda:0"):` serializes reloads on that device machine-wide."""
 
@@ -82,8 +88,7 @@ class DeviceLocks:
                         holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
                         on_wait(f"waiting for the {key} reload lock (held by pid {holder or '?'})")
                     await asyncio.sleep(self.poll_s)
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                mark_holder(fd)
                 yield 0.0 if contended_since is None else time.monotonic() - contended_since
             finally:
                 with contextlib.suppress(OSError):

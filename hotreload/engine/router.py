@@ -94,8 +94,8 @@ class ModelRouter:
         self._drained = asyncio.Event()
         self._drained.set()
         self.unavailable_reason: str | None = None
-        #: Until then (time.monotonic), the worker handed over to waits for the old one.
-        self._hold_until = 0.0
+        #: Set at a hand-over until its timer: the new worker waits for the old one.
+        self._holding = False
 
     # ------------------------------------------------------------------ figures
 
@@ -230,9 +230,9 @@ class ModelRouter:
         worker = self.worker
         if not self._gate_open or worker is None or not worker.alive:
             return
-        now = time.monotonic()
-        if self._draining and now < self._hold_until:
+        if self._draining and self._holding:
             return  # a hand-over: the old worker first (a timer and its replies pump again)
+        now = time.monotonic()
         while self._queue and len(self._inflight) < self.max_inflight:
             req = self._queue.popleft()
             req.attempts += 1
@@ -309,13 +309,13 @@ class ModelRouter:
         self._inflight = set()
         if self._draining:
             self._drained.clear()
-            self._hold_until = time.monotonic() + HANDOVER_HOLD_S
+            self._holding = True
             asyncio.get_running_loop().call_later(HANDOVER_HOLD_S, self._end_hold)
         self.worker = worker
         self.open_gate()
 
     def _end_hold(self) -> None:
-        self._hold_until = 0.0  # not compared against a clock: a timer early by a tick is fine
+        self._holding = False
         self.pump()
 
     async def drain_previous(self, timeout_s: float) -> bool:

@@ -171,7 +171,7 @@ class Session:
         plan = plan_cpus(self.config.models, available)
         self.cpu_plan = plan
         if plan.serving:
-            self._cpus_before = frozenset(os.sched_getaffinity(0))
+            self._cpus_before = available
             pin_self(plan.rest)
             for name, cpus in plan.serving.items():
                 self.hosts[name].cpus, self.hosts[name].cpus_rest = cpus, plan.rest
