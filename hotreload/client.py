@@ -27,6 +27,7 @@ from hotreload.protocol.framing import (
     pack_frame,
     read_frame,
     read_frame_sync,
+    send_frame,
 )
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
@@ -153,7 +154,7 @@ class Client:
         header["id"] = next(self._ids)
         sock = self._conn()
         try:
-            sock.sendmsg(pack_frame(header, blobs or []))
+            send_frame(sock, pack_frame(header, blobs or []))
             frame = read_frame_sync(sock, self.max_frame_bytes)
         except TimeoutError:
             self._drop_conn()

@@ -23,7 +23,14 @@ import psutil
 import torch
 
 from hotreload import runtime
-from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
+from hotreload.protocol.framing import (
+    PAYLOAD_ALIGN,
+    Frame,
+    SocketFrameReader,
+    aligned_buffer,
+    pack_frame,
+    send_frame,
+)
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.fresh_source import compile_from_source
@@ -62,7 +69,7 @@ class Worker:
         pieces = pack_frame(header, blobs or [])
         with self.send_lock:
             try:
-                self.sock.sendmsg(pieces)
+                send_frame(self.sock, pieces)
             except OSError:
                 # The manager is gone; the reader loop will see EOF and exit.
                 self.running = False
@@ -481,13 +488,18 @@ def request_tensors(
     metas: list[dict[str, Any]], payload: memoryview | bytes
 ) -> dict[str, torch.Tensor]:
     """Tensors over the request's own bytes (no copy) from header entries the router already
-    validated against the payload; a copy only where the bytes are read-only."""
+    validated against the payload. A copy where the bytes are read-only, and for a tensor
+    not on a PAYLOAD_ALIGN boundary (the reader aligns the payload's start, so only a
+    second or later input whose offset is not a multiple of 64 bytes): kernels round
+    differently for unaligned data, and one input must give one answer."""
     if sys.byteorder != "little":
         arrays = decode_tensors(metas, payload, writable=True)
         return {k: torch.from_numpy(v) for k, v in arrays.items()}
     view = payload if isinstance(payload, memoryview) else memoryview(payload)
     if view.readonly:
-        view = memoryview(bytearray(view))
+        copy = aligned_buffer(len(view))
+        copy[:] = view
+        view = copy
     if sum(m["nbytes"] for m in metas) != len(view):
         raise ValueError("payload length does not match the tensors in the header")
     out: dict[str, torch.Tensor] = {}
@@ -496,10 +508,8 @@ def request_tensors(
         n, dtype = m["nbytes"], TORCH_DTYPES[m["dtype"]]
         if n:
             t = torch.frombuffer(view[offset : offset + n], dtype=dtype).reshape(m["shape"])
-            if t.data_ptr() % t.element_size():
-                # The payload follows a JSON header of any length: a typed view at an odd
-                # address is undefined behaviour for ATen's loads. An aligned copy instead.
-                t = t.clone()
+            if t.data_ptr() % PAYLOAD_ALIGN:
+                t = t.clone()  # torch's CPU allocator aligns to 64 bytes
         else:
             t = torch.empty(m["shape"], dtype=dtype)
         out[m["name"]] = t
@@ -556,7 +566,7 @@ def run_worker(spec: dict[str, Any], fd: int) -> int:
         worker = Worker(spec, sock)
     except LoadError as exc:
         header = {"id": 0, "ok": False, "error": {"code": "model_error", "message": str(exc)}}
-        sock.sendmsg(pack_frame(header))
+        send_frame(sock, pack_frame(header))
         return 1
     code = worker.run()
     sys.stdout.flush()
