@@ -174,7 +174,10 @@ class Client:
         self, model: str | None, inputs: Any, *, timeout_s: float | None = None
     ) -> InferResult:
         """Run `inputs` through `model`; returns (output, version, model)."""
-        header, blobs = build_infer_header(model, inputs, timeout_s)
+        # The server gets the client's own deadline: once this client gives up, the request
+        # is dropped rather than computed for nobody.
+        wait = timeout_s if timeout_s is not None else self.timeout_s
+        header, blobs = build_infer_header(model, inputs, wait)
         return decode_result(self.call(header, blobs))
 
     def status(self) -> dict[str, Any]:

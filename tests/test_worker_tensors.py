@@ -9,7 +9,7 @@ import torch
 from hotreload.protocol import encode_tensors
 from hotreload.protocol.framing import aligned_buffer
 from hotreload.protocol.tensors import WIRE_DTYPES
-from hotreload.worker.server import request_tensors
+from hotreload.worker.inputs import request_tensors
 
 
 @pytest.mark.parametrize("dtype", sorted(WIRE_DTYPES))
