@@ -21,12 +21,14 @@ from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import BringUpError
 from hotreload.engine.session import Session
+from hotreload.engine.signature import describe_dynamic, dims_of
 from hotreload.engine.stats import percentile
 from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.paths import ensure_state_dir
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
+from hotreload.protocol.text import BYTES
 
 MIB = 2**20
 RECORD_FILE = "check-record.json"
@@ -73,14 +75,33 @@ def _memory_figure(status: dict[str, Any]) -> tuple[str, int]:
     return "worker RSS", int(status.get("rss_bytes") or 0)
 
 
-def _example_request(router: Any) -> tuple[dict[str, Any], bytes]:
-    """Zeros shaped like the example input (batch 1), as a wire request."""
-    named = {}
+def _example_request(router: Any, resize: bool = False) -> tuple[dict[str, Any], bytes]:
+    """Zeros shaped like the example input (batch 1), as a wire request; strings are "a".
+    `resize`: every declared dynamic dimension past the batch one smaller (two when it is
+    1), to check that the model really takes other sizes there."""
+    named: dict[str, Any] = {}
     for entry in router.input_signature:
+        dims = dims_of(entry)
         shape = [1, *entry["shape"][1:]] if entry["shape"] else []
-        named[entry["name"]] = np.zeros(shape, dtype=WIRE_DTYPES[entry["dtype"]])
+        if resize:
+            shape = [
+                (s - 1 if s > 1 else 2) if i and dims[i] == -1 else s for i, s in enumerate(shape)
+            ]
+        if entry["dtype"] == BYTES:
+            named[entry["name"]] = np.full(shape, "a", dtype=object)
+        else:
+            named[entry["name"]] = np.zeros(shape, dtype=WIRE_DTYPES[entry["dtype"]])
     metas, blobs = encode_tensors(named)
     return {"tensors": metas, "form": router.input_form}, b"".join(bytes(b) for b in blobs)
+
+
+def _finite(frame: Any) -> str | None:
+    """The name of an output holding NaN or inf, or None."""
+    arrays = decode_tensors(frame.header["tensors"], frame.payload)
+    for name, arr in arrays.items():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            return name
+    return None
 
 
 class ModelCheck:
@@ -177,14 +198,29 @@ class ModelCheck:
             frame = await asyncio.wait_for(
                 host.router.submit_future(header, payload), self.model.request_timeout_s
             )
-            arrays = decode_tensors(frame.header["tensors"], frame.payload)
-            for name, arr in arrays.items():
-                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                    raise CheckFailed(
-                        f"output {name!r} has non-finite values for a zeros input",
-                        "look for a division by zero or log of zero in forward()",
-                    )
+            bad = _finite(frame)
+            if bad:
+                raise CheckFailed(
+                    f"output {bad!r} has non-finite values for a zeros input",
+                    "look for a division by zero or log of zero in forward()",
+                )
             sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in outputs)
+            dynamic = describe_dynamic(host.router.input_signature)
+            if dynamic:
+                # The declared dynamic dimensions, at another size than the example's.
+                header, payload = _example_request(host.router, resize=True)
+                shapes = [m["shape"] for m in header["tensors"]]
+                try:
+                    frame = await asyncio.wait_for(
+                        host.router.submit_future(header, payload), self.model.request_timeout_s
+                    )
+                except ClientError as exc:
+                    raise CheckFailed(
+                        f"the model failed for inputs of shape {shapes}, which its `shapes` "
+                        f"({dynamic}) accept: {exc}",
+                        "fix forward() for those sizes, or declare those dimensions fixed",
+                    ) from None
+                sig += f"; dynamic {dynamic}: ok at {shapes}"
             return f"outputs finite: {sig}", {"outputs": outputs}, None
 
         await self.step("infer", infer())

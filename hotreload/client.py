@@ -29,7 +29,8 @@ from hotreload.protocol.framing import (
     read_frame_sync,
     send_frame,
 )
-from hotreload.protocol.tensors import decode_tensors, encode_tensors
+from hotreload.protocol.tensors import BF16, bf16_to_float32, decode_tensors, encode_tensors
+from hotreload.protocol.text import BYTES
 
 
 def _no_server(path: Path, exc: OSError) -> NoServerError:
@@ -65,8 +66,13 @@ def resolve_socket(
 
 
 def build_infer_header(
-    model: str | None, inputs: Any, timeout_s: float | None
+    model: str | None,
+    inputs: Any,
+    timeout_s: float | None,
+    parameters: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
+    """A request's header and blobs. A str or a list of str is one strings (BYTES) input;
+    a tuple/list of arrays, positional inputs; a dict, named inputs."""
     if isinstance(inputs, Mapping):
         form, named = "dict", dict(inputs)
     elif isinstance(inputs, (tuple, list)) and inputs and all(hasattr(v, "shape") for v in inputs):
@@ -77,6 +83,8 @@ def build_infer_header(
     header: dict[str, Any] = {"op": "infer", "model": model, "form": form, "tensors": metas}
     if timeout_s is not None:
         header["timeout_s"] = timeout_s
+    if parameters:
+        header["parameters"] = dict(parameters)
     return header, blobs
 
 
@@ -91,9 +99,21 @@ def raise_for_error(frame: Frame) -> None:
     raise ERROR_CLASSES.get(code, ClientError)(message)
 
 
-def decode_result(frame: Frame) -> InferResult:
+def _client_value(meta: Mapping[str, Any], arr: Any, raw: bool) -> Any:
+    """What a caller gets for one output: strings as str (a list per row), bfloat16 widened
+    to float32 (exact) unless `raw` asks for the uint16 bit patterns."""
+    if meta["dtype"] == BYTES:
+        return arr.tolist()
+    if meta["dtype"] == BF16 and not raw:
+        return bf16_to_float32(arr)
+    return arr
+
+
+def decode_result(frame: Frame, raw: bool = False) -> InferResult:
     h = frame.header
-    arrays = decode_tensors(h.get("tensors", []), frame.payload)
+    metas = h.get("tensors", [])
+    decoded = decode_tensors(metas, frame.payload)
+    arrays = {m["name"]: _client_value(m, decoded[m["name"]], raw) for m in metas}
     form = h.get("form", "single")
     if form == "single":
         output: Any = next(iter(arrays.values()))
@@ -102,6 +122,19 @@ def decode_result(frame: Frame) -> InferResult:
     else:
         output = arrays
     return InferResult(output, int(h.get("version") or 0), h.get("model", ""))
+
+
+def _rows(inputs: Any) -> Any:
+    """One prompt is a batch of one: a str travels as a one-row strings tensor."""
+    return [inputs] if isinstance(inputs, str) else inputs
+
+
+def _unrow(inputs: Any, result: InferResult) -> InferResult:
+    """...and its answer comes back as one str when the model answered one string."""
+    out = result.output
+    if isinstance(inputs, str) and isinstance(out, list) and len(out) == 1:
+        return result._replace(output=out[0])
+    return result
 
 
 class Client:
@@ -171,14 +204,23 @@ class Client:
         return frame
 
     def infer(
-        self, model: str | None, inputs: Any, *, timeout_s: float | None = None
+        self,
+        model: str | None,
+        inputs: Any,
+        *,
+        timeout_s: float | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        raw: bool = False,
     ) -> InferResult:
-        """Run `inputs` through `model`; returns (output, version, model)."""
+        """Run `inputs` through `model`; returns (output, version, model).
+
+        `parameters` (JSON values) reach the model as keyword arguments, e.g.
+        `{"max_new_tokens": 16}`; `raw` returns bfloat16 outputs as their uint16 bits."""
         # The server gets the client's own deadline: once this client gives up, the request
         # is dropped rather than computed for nobody.
         wait = timeout_s if timeout_s is not None else self.timeout_s
-        header, blobs = build_infer_header(model, inputs, wait)
-        return decode_result(self.call(header, blobs))
+        header, blobs = build_infer_header(model, _rows(inputs), wait, parameters)
+        return _unrow(inputs, decode_result(self.call(header, blobs), raw))
 
     def status(self) -> dict[str, Any]:
         return self.call({"op": "status"}).header
@@ -299,11 +341,18 @@ class AsyncClient:
         await writer.drain()
 
     async def infer(
-        self, model: str | None, inputs: Any, *, timeout_s: float | None = None
+        self,
+        model: str | None,
+        inputs: Any,
+        *,
+        timeout_s: float | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        raw: bool = False,
     ) -> InferResult:
-        header, blobs = build_infer_header(model, inputs, timeout_s)
+        """As `Client.infer`, awaited."""
+        header, blobs = build_infer_header(model, _rows(inputs), timeout_s, parameters)
         wait = None if timeout_s is None else timeout_s + 5.0
-        return decode_result(await self.call(header, blobs, wait))
+        return _unrow(inputs, decode_result(await self.call(header, blobs, wait), raw))
 
     async def status(self) -> dict[str, Any]:
         return (await self.call({"op": "status"})).header

@@ -21,6 +21,7 @@ if sys.version_info >= (3, 11):  # noqa: UP036 - tomli kept for a 3.10 backport
 else:  # pragma: no cover - the project requires 3.11, kept for forks on 3.10
     import tomli as tomllib
 
+from hotreload.config_shapes import parse_shapes
 from hotreload.errors import ConfigError
 
 CONFIG_FILENAME = "hotreload.toml"
@@ -128,6 +129,8 @@ class ModelConfig:
     #: Output signature a user pins: {"shape": [...], "dtype": "float32"}; None = learn it.
     expected_output: Mapping[str, Any] | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
+    #: Input name -> dimensions, -1 where any size is accepted (config_shapes.py).
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -395,6 +398,7 @@ _MODEL_KEYS = (
     "recycle",
     "expected_output",
     "deadlines",
+    "shapes",
 )
 _DEADLINE_KEYS = tuple(Deadlines.__dataclass_fields__)
 
@@ -600,6 +604,9 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
             e.fail(e.sub("shape"), f"expected integers >= -1, got {shape!r}")
         e.get("dtype", str, None, 'a dtype name such as "float32"')
 
+    shapes_raw = m.get("shapes", dict, {}, "a table of input name = [dims], -1 for any size")
+    shapes = parse_shapes(shapes_raw, m.sub("shapes"), m.fail)
+
     deadlines_raw = m.get("deadlines", dict, {}, "a table of phase = seconds")
     d = _Checker(deadlines_raw, path=path, key=m.sub("deadlines"), known=_DEADLINE_KEYS)
     deadlines = Deadlines(
@@ -634,6 +641,7 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         recycle=m.integer("recycle", 20, minimum=0, maximum=1_000_000),
         expected_output=expected,
         deadlines=deadlines,
+        shapes=shapes,
     )
 
 

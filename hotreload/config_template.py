@@ -49,6 +49,7 @@ strategy = "inplace"                 # "inplace" (re-import in the same worker) 
                                      #   each step for 3x its time (max 50 ms): requests keep
                                      #   the CPU; 0 = build at full speed
 # expected_output = { shape = [-1, 10], dtype = "float32" }
+# shapes = { input_ids = [-1, -1] }  # input dims that may vary (-1); default: dimension 0 only
 
 [models.env]                         # applied in the worker before torch is imported
 # PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"

@@ -12,7 +12,7 @@ from hotreload.protocol.tensors import WIRE_DTYPES
 from hotreload.worker.inputs import request_tensors
 
 
-@pytest.mark.parametrize("dtype", sorted(WIRE_DTYPES))
+@pytest.mark.parametrize("dtype", sorted(set(WIRE_DTYPES) - {"bfloat16"}))
 def test_request_tensors_match_what_the_client_sent(dtype: str) -> None:
     x = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
     metas, blobs = encode_tensors({"x": x, "empty": np.zeros((0, 2), dtype)})
@@ -66,3 +66,12 @@ def test_a_payload_at_an_odd_address_gives_aligned_tensors() -> None:
     out = request_tensors(metas, memoryview(body)[3:])  # type: ignore[arg-type]
     assert out["x"].data_ptr() % 64 == 0
     assert out["x"].tolist() == x.tolist()
+
+
+def test_bfloat16_and_strings_reach_the_model_as_torch_sees_them() -> None:
+    bf = torch.tensor([[1.5, -2.25], [0.1, 7.0]], dtype=torch.bfloat16)
+    metas, blobs = encode_tensors({"b": bf, "text": ["a prompt", "ünïcode"]})
+    payload = memoryview(bytearray(b"".join(bytes(b) for b in blobs)))
+    out = request_tensors(metas, payload)  # type: ignore[arg-type]
+    assert out["b"].dtype == torch.bfloat16 and torch.equal(out["b"], bf)
+    assert out["text"] == ["a prompt", "ünïcode"]

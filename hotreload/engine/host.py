@@ -20,6 +20,7 @@ from hotreload.config import Config, ModelConfig
 from hotreload.engine.cpus import pin_process
 from hotreload.engine.events import EventBus
 from hotreload.engine.router import ModelRouter
+from hotreload.engine.signature import describe_dynamic
 from hotreload.engine.snapshots import Snapshot, code_paths
 from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
 from hotreload.errors import WorkerUnavailableError
@@ -92,6 +93,8 @@ class ModelHost:
         self._restart_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: Notes about this model's versions already said (each is said once).
+        self._said: set[str] = set()
         #: Copy of the code and weights of the version serving now (None: use the disk).
         self.good_snapshot: Snapshot | None = None
         #: strategy "respawn": the worker started ahead of time for the next reload.
@@ -219,6 +222,7 @@ class ModelHost:
                 "smoke", d.smoke_s, target="staged", previous_outputs=previous_outputs
             )
             info.outputs = r["outputs"]
+            self.note(r.get("notes"))
             phase = "swap"
             await worker.request("swap", d.smoke_s)
         except WorkerReplyError as exc:
@@ -280,12 +284,20 @@ class ModelHost:
                 pid=worker.pid,
                 load_s=info.load_s,
                 warm_s=info.warm_s,
+                inputs=describe_dynamic(info.inputs),
             )
         if handover:
             self.router.handover(worker)
         else:
             self.router.worker = worker
             self.router.open_gate()
+
+    def note(self, notes: list[str] | None) -> None:
+        """Say each of a version's notes (outputs left out of replies) once per session."""
+        for text in notes or []:
+            if text not in self._said:
+                self._said.add(text)
+                self.events.emit("model_note", model=self.name, message=text)
 
     # ------------------------------------------------------------------ failure handling
 

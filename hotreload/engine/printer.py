@@ -28,7 +28,10 @@ def format_event(e: dict[str, Any]) -> str | None:
             f"{m}: v{e['version']} ready on {e.get('device')} "
             f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
             f"worker pid {e.get('pid')})"
+            + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
         )
+    if kind == "model_note":
+        return f"{m}: note: {e.get('message')}"
     if kind == "start_failed":
         text = f"{m}: failed to start in {e.get('phase') or 'start'}: {e.get('error')}"
         if e.get("traceback"):

@@ -166,6 +166,7 @@ class ReloadPhases:
                 "smoke", None, target="staged", previous_outputs=previous, **pace()
             )
             info.outputs = r["outputs"]
+            self.host.note(r.get("notes"))
             sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
             return {"detail": sig + _paced(r)}
 

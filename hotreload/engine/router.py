@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotreload.engine.signature import check_inputs
+from hotreload.engine.signature import check_inputs, check_parameters
 from hotreload.engine.stats import LatencyWindow, RequestCounters
 from hotreload.engine.worker_proc import WorkerDied, WorkerProcess
 from hotreload.errors import (
@@ -57,6 +57,8 @@ class Request:
     timer: asyncio.TimerHandle | None = None
     expired: bool = False
     finished: bool = False
+    #: Per-request parameters (KServe `parameters`), passed to the model as keywords.
+    parameters: dict[str, Any] | None = None
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -166,12 +168,15 @@ class ModelRouter:
         a reply is written to the client in the loop turn it arrives in.
         """
         try:
-            metas = validate_metas(header.get("tensors"), len(payload))
+            metas = validate_metas(header.get("tensors"), len(payload), payload)
         except Exception as exc:  # ProtocolError: say what was wrong, keep serving
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {exc}"))
             return
-        problem = check_inputs(header.get("form"), metas, self.input_form, self.input_signature)
+        parameters = header.get("parameters")
+        problem = check_parameters(parameters) or check_inputs(
+            header.get("form"), metas, self.input_form, self.input_signature
+        )
         if problem:
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {problem}"))
@@ -197,7 +202,7 @@ class ModelRouter:
         loop = asyncio.get_running_loop()
         # asyncio's loop clock is time.monotonic(), so deadlines and latencies share one clock.
         now = loop.time()
-        req = Request(metas, payload, done, now, now + timeout)
+        req = Request(metas, payload, done, now, now + timeout, parameters=parameters or None)
         req.timer = loop.call_at(req.deadline, self._expire, req, timeout)
         self._queue.append(req)
         self._peak_depth = max(self._peak_depth, len(self._queue))
@@ -246,6 +251,8 @@ class ModelRouter:
             # The deadline travels (one monotonic clock for all processes on the machine):
             # the worker skips a request whose client has given up instead of computing it.
             header = {"op": "infer", "tensors": req.metas, "deadline": req.deadline}
+            if req.parameters:
+                header["parameters"] = req.parameters
             if not worker.send_with_callback(header, blobs, on_reply):
                 on_reply(None, WorkerDied(worker.exit_reason or "worker is not running"))
                 return
@@ -273,6 +280,10 @@ class ModelRouter:
                 if err.get("code") == "worker_unavailable":
                     self.counters.fail("unavailable")
                     req.finish(None, WorkerUnavailableError(message))
+                elif err.get("code") == "bad_request":
+                    # Found by the worker (a parameter the model does not take).
+                    self.counters.bad_request += 1
+                    req.finish(None, BadRequestError(message))
                 elif err.get("code") == "timeout":
                     # The worker's clock passed the deadline a moment before our timer.
                     self.counters.timed_out += 1

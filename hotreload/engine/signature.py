@@ -1,17 +1,60 @@
 """Check a request's tensors against the model's input signature before it is queued.
 
-The signature comes from the example input: same names, dtypes and rank; every dimension
-but the first (the batch) must match. A wrong request is answered at once, and the worker
-never sees it.
+The signature comes from the example input: names, dtypes and rank. Each entry's `dims`
+say which sizes may vary, Triton-style (-1 = any size): dimension 0 (the batch) unless the
+model's `shapes` declares more. A wrong request is answered at once, and the worker never
+sees it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+#: Parameter values a request may carry (JSON scalars, and lists of them).
+_SCALARS = (str, int, float, bool, type(None))
 
-def _fmt(shape: list[int]) -> str:
-    return "[" + ", ".join(["N", *(str(d) for d in shape[1:])]) + "]" if shape else "[]"
+
+def dims_of(entry: Mapping[str, Any]) -> list[int]:
+    """The declared dimensions of a signature entry: -1 where any size is accepted."""
+    dims = entry.get("dims")
+    if dims is not None:
+        return list(dims)
+    shape = list(entry["shape"])
+    return [-1, *shape[1:]] if shape else []
+
+
+def format_dims(dims: Sequence[int]) -> str:
+    """`[N, 64]` when only the batch varies (the common case), else Triton's `[-1, -1, 64]`."""
+    if dims and dims[0] == -1 and all(d != -1 for d in dims[1:]):
+        return "[" + ", ".join(["N", *(str(d) for d in dims[1:])]) + "]"
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _varies(dims: Sequence[int]) -> str:
+    free = [str(i) for i, d in enumerate(dims) if d == -1]
+    if not free:
+        return "no dimension may vary"
+    return f"dimension{'s' if len(free) > 1 else ''} {', '.join(free)} may vary"
+
+
+def shape_problem(label: str, shape: Sequence[int], dims: Sequence[int], text: bool) -> str | None:
+    """None when `shape` fits `dims`; else a message naming the dimension."""
+    if text and len(shape) == len(dims) + 1 and shape[-1] == 1:
+        shape = shape[:-1]  # strings as [N, 1], as Triton clients often send them
+    if len(shape) != len(dims):
+        return (
+            f"{label}: expected shape {format_dims(dims)} ({_varies(dims)}), got "
+            f"{list(shape)}: {len(shape)} dimension(s) instead of {len(dims)}"
+        )
+    for i, (got, want) in enumerate(zip(shape, dims, strict=True)):
+        if want != -1 and got != want:
+            return (
+                f"{label}: expected shape {format_dims(dims)} ({_varies(dims)}), got "
+                f"{list(shape)}: dimension {i} is {got}, not {want} (to accept any size "
+                f"there, declare it -1 in the model's `shapes`)"
+            )
+    return None
 
 
 def check_inputs(
@@ -36,8 +79,37 @@ def check_inputs(
     for meta, exp in pairs:
         label = exp["name"] if expected_form != "single" else "input"
         if meta["dtype"] != exp["dtype"]:
+            if exp["dtype"] == "bytes":
+                return f"{label}: expected strings (BYTES), got dtype {meta['dtype']}"
             return f"{label}: expected dtype {exp['dtype']}, got {meta['dtype']}"
-        shape, want_shape = meta["shape"], exp["shape"]
-        if len(shape) != len(want_shape) or (len(shape) > 1 and shape[1:] != want_shape[1:]):
-            return f"{label}: expected shape {_fmt(want_shape)} (dimension 0 may vary), got {shape}"
+        problem = shape_problem(label, meta["shape"], dims_of(exp), exp["dtype"] == "bytes")
+        if problem:
+            return problem
     return None
+
+
+def check_parameters(parameters: Any) -> str | None:
+    """None for a valid per-request `parameters` object (names -> JSON scalars or lists)."""
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        return f"'parameters' must be an object of name -> value, got {type(parameters).__name__}"
+    for key, value in parameters.items():
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, _SCALARS) for v in items):
+            return (
+                f"parameter {key!r} must be a string, number, boolean, null or a list of "
+                f"them, got {type(value).__name__}"
+            )
+    return None
+
+
+def describe_dynamic(signature: Sequence[Mapping[str, Any]]) -> str | None:
+    """`input_ids [-1, -1], attention_mask [-1, -1]` for inputs declared to vary beyond the
+    batch, for the start-up line; None when only dimension 0 varies."""
+    parts = [
+        f"{e['name']} {format_dims(dims_of(e))}"
+        for e in signature
+        if any(d == -1 for d in dims_of(e)[1:])
+    ]
+    return ", ".join(parts) or None

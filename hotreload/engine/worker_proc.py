@@ -74,6 +74,7 @@ def worker_spec(
         "expected_output": dict(model.expected_output) if model.expected_output else None,
         "max_frame_bytes": config.max_frame_bytes,
         "watch": [str(p) for p in model.watch],
+        "shapes": {k: list(v) for k, v in model.shapes.items()},
     }
     spec.update(code or {})
     return spec

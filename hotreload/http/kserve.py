@@ -21,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from hotreload.protocol.tensors import MAX_RANK, WIRE_DTYPES
+from hotreload.engine.signature import dims_of
+from hotreload.errors import ProtocolError
+from hotreload.protocol.tensors import (
+    BF16,
+    MAX_RANK,
+    WIRE_DTYPES,
+    bf16_to_float32,
+    float32_to_bf16,
+)
+from hotreload.protocol.text import BYTES, decode_strings, encode_strings, split_strings
 
 #: Header naming the length of the JSON part of a body that carries binary tensors.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -37,11 +46,29 @@ KSERVE_TO_WIRE: dict[str, str] = {
     "FP16": "float16",
     "FP32": "float32",
     "FP64": "float64",
+    "BF16": BF16,
+    "BYTES": BYTES,
 }
 WIRE_TO_KSERVE: dict[str, str] = {v: k for k, v in KSERVE_TO_WIRE.items()}
-#: Types a model may declare (metadata) that cannot travel (the smoke test refuses them).
-_METADATA_ONLY = {"bfloat16": "BF16", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64"}
-_KNOWN_KSERVE = (*KSERVE_TO_WIRE, "UINT16", "UINT32", "UINT64", "BF16", "BYTES")
+#: Types a model may declare (metadata) that cannot travel.
+_METADATA_ONLY = {"uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64"}
+_KNOWN_KSERVE = (*KSERVE_TO_WIRE, "UINT16", "UINT32", "UINT64")
+
+
+#: Request parameters that Triton and its clients use themselves: never passed to a model.
+TRITON_PARAMETERS = frozenset(
+    {
+        "binary_data_output",
+        "binary_data_size",
+        "timeout",
+        "priority",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "headers",
+        "classification",
+    }
+)
 
 
 class InferRequestError(ValueError):
@@ -56,6 +83,42 @@ def kserve_datatype(wire_dtype: str) -> str:
 def metadata_shape(shape: Sequence[int]) -> list[int]:
     """Dimension 0 is the batch and may vary (-1); the others are fixed by the example."""
     return [-1, *shape[1:]] if shape else []
+
+
+def model_metadata_doc(
+    name: str,
+    version: int | None,
+    form: str,
+    inputs: Sequence[Mapping[str, Any]],
+    outputs: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """KServe model metadata: inputs with their declared dims (-1 where any size is
+    accepted). An output's dimensions past the batch are -1 as soon as an input may vary
+    beyond its batch (they may follow it, as a sequence length does)."""
+    in_dims = [dims_of(s) for s in inputs]
+    free = any(-1 in d[1:] for d in in_dims)
+    return {
+        "name": name,
+        "versions": [str(version)] if version else [],
+        "platform": "pytorch",
+        "inputs": [
+            {
+                # One-input models take any input name; "input" is what the example uses.
+                "name": "input" if form == "single" else s["name"],
+                "datatype": kserve_datatype(s["dtype"]),
+                "shape": d,
+            }
+            for s, d in zip(inputs, in_dims, strict=True)
+        ],
+        "outputs": [
+            {
+                "name": o["name"],
+                "datatype": kserve_datatype(o["dtype"]),
+                "shape": [-1] * len(o["shape"]) if free else metadata_shape(o["shape"]),
+            }
+            for o in outputs
+        ],
+    }
 
 
 @dataclass
@@ -77,6 +140,8 @@ class InferRequest:
     binary_default: bool
     timeout_s: float | None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Request parameters meant for the model (Triton's own keys taken out).
+    model_parameters: dict[str, Any] = field(default_factory=dict)
 
 
 def _obj(value: Any, what: str) -> dict[str, Any]:
@@ -116,10 +181,10 @@ def _shape(value: Any, name: str) -> list[int]:
 
 
 def _datatype(value: Any, name: str) -> str:
-    if value == "BYTES":
+    if not isinstance(value, str):
         raise InferRequestError(
-            f"input {name!r}: datatype BYTES (strings) is not supported; hotreload serves "
-            f"numeric tensors: {', '.join(KSERVE_TO_WIRE)}"
+            f"input {name!r}: 'datatype' must be a string such as \"FP32\", got "
+            f"{type(value).__name__}"
         )
     if value not in KSERVE_TO_WIRE:
         hint = "" if value in _KNOWN_KSERVE else " (datatypes are upper case, e.g. FP32)"
@@ -132,8 +197,19 @@ def _datatype(value: Any, name: str) -> str:
 
 def _json_data(data: Any, name: str, dtype: str, shape: list[int]) -> bytes:
     want = math.prod(shape)
+    if dtype == BYTES:
+        items = np.asarray(data, dtype=object).reshape(-1)
+        if items.size != want or not all(isinstance(v, str) for v in items.tolist()):
+            raise InferRequestError(
+                f"input {name!r}: BYTES 'data' must hold {want} string(s) for shape {shape}"
+            )
+        return encode_strings(items)[1]
     try:
-        arr = np.asarray(data, dtype=WIRE_DTYPES[dtype])
+        if dtype == BF16:
+            # JSON carries numbers: round them to bfloat16 here, as Triton does.
+            arr = float32_to_bf16(np.asarray(data, dtype=np.float32))
+        else:
+            arr = np.asarray(data, dtype=WIRE_DTYPES[dtype])
     except (TypeError, ValueError, OverflowError) as exc:
         raise InferRequestError(
             f"input {name!r}: 'data' does not hold {dtype} values: {exc}"
@@ -170,7 +246,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             raise InferRequestError(f"input {name!r} appears twice")
         dtype = _datatype(t.get("datatype"), name)
         shape = _shape(t.get("shape"), name)
-        nbytes = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
+        nbytes = math.prod(shape) * WIRE_DTYPES[dtype].itemsize if dtype != BYTES else None
         tparams = _obj(t.get("parameters") or {}, f"input {name!r}: 'parameters'")
         size = tparams.get("binary_data_size")
         if size is not None:
@@ -178,7 +254,12 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
                 raise InferRequestError(
                     f"input {name!r}: binary_data_size must be an integer >= 0, got {size!r}"
                 )
-            if size != nbytes:
+            if nbytes is None:
+                try:  # strings: the elements' own lengths must add up to the size
+                    split_strings(binary[offset : offset + size], math.prod(shape), name)
+                except ProtocolError as exc:
+                    raise InferRequestError(f"input {name!r}: {exc}") from None
+            elif size != nbytes:
                 raise InferRequestError(
                     f"input {name!r}: binary_data_size is {size} but datatype "
                     f"{t['datatype']} and shape {shape} need {nbytes} bytes"
@@ -231,6 +312,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         outputs=outputs,
         binary_default=binary_default,
         timeout_s=timeout_s,
+        model_parameters={k: v for k, v in params.items() if k not in TRITON_PARAMETERS},
     )
 
 
@@ -253,6 +335,8 @@ def to_router_request(
     header: dict[str, Any] = {"tensors": metas, "form": form}
     if req.timeout_s is not None:
         header["timeout_s"] = req.timeout_s
+    if req.model_parameters:
+        header["parameters"] = req.model_parameters
     return header, payload
 
 
@@ -293,6 +377,11 @@ def encode_infer_response(
         if binary:
             out["parameters"] = {"binary_data_size": n}
             blobs.append(chunk)
+        elif meta["dtype"] == BYTES:
+            values = decode_strings(chunk, list(meta["shape"])).reshape(-1).tolist()
+            out["data"] = [v if isinstance(v, str) else v.decode("latin-1") for v in values]
+        elif meta["dtype"] == BF16:
+            out["data"] = bf16_to_float32(np.frombuffer(chunk, dtype=np.uint16)).tolist()
         else:
             out["data"] = np.frombuffer(chunk, dtype=WIRE_DTYPES[meta["dtype"]]).tolist()
         outs.append(out)

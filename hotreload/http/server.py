@@ -39,8 +39,7 @@ from hotreload.http.kserve import (
     HEADER_LENGTH,
     InferRequestError,
     encode_infer_response,
-    kserve_datatype,
-    metadata_shape,
+    model_metadata_doc,
     parse_infer_request,
     to_router_request,
 )
@@ -222,31 +221,14 @@ class KServeApp:
     async def model_metadata(self, request: web.Request) -> web.Response:
         host = self._host(request)
         router = host.router
-        inputs = [
-            {
-                # One-input models take any input name; "input" is what the example uses.
-                "name": "input" if router.input_form == "single" else s["name"],
-                "datatype": kserve_datatype(s["dtype"]),
-                "shape": metadata_shape(s["shape"]),
-            }
-            for s in router.input_signature
-        ]
-        outputs = [
-            {
-                "name": o["name"],
-                "datatype": kserve_datatype(o["dtype"]),
-                "shape": metadata_shape(o["shape"]),
-            }
-            for o in (host.current.outputs if host.current else [])
-        ]
         return json_response(
-            {
-                "name": host.name,
-                "versions": [str(host.version)] if host.version else [],
-                "platform": "pytorch",
-                "inputs": inputs,
-                "outputs": outputs,
-            }
+            model_metadata_doc(
+                host.name,
+                host.version,
+                router.input_form,
+                router.input_signature,
+                host.current.outputs if host.current else [],
+            )
         )
 
     # ------------------------------------------------------------------ inference

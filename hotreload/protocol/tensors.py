@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 import numpy as np
 
 from hotreload.errors import ProtocolError
+from hotreload.protocol.text import BYTES, decode_strings, encode_strings, is_text, split_strings
 
-#: dtype names that may travel. bfloat16 is absent on purpose: numpy cannot hold it, so a
-#: client could not read it; the worker reports such outputs as an error to fix.
+#: Fixed-size dtype names that may travel, and the numpy dtype that holds their bytes.
+#: numpy has no bfloat16: its 2-byte pattern travels as is, held as uint16 (clients widen it
+#: to float32 unless asked for the raw bits). Strings travel as BYTES (`protocol/text.py`).
 WIRE_DTYPES: dict[str, np.dtype[Any]] = {
     name: np.dtype(name).newbyteorder("<")
     for name in (
@@ -26,6 +29,10 @@ WIRE_DTYPES: dict[str, np.dtype[Any]] = {
         "float64",
     )
 }
+BF16 = "bfloat16"
+WIRE_DTYPES[BF16] = np.dtype("<u2")
+#: Every dtype name a tensor on the wire may carry.
+ALL_WIRE_DTYPES = (*WIRE_DTYPES, BYTES)
 MAX_RANK = 32
 
 
@@ -45,11 +52,28 @@ def as_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def _is_bf16_tensor(value: Any) -> bool:
+    return str(getattr(value, "dtype", "")) == "torch.bfloat16" and hasattr(value, "view")
+
+
 def encode_tensors(named: Mapping[str, Any]) -> tuple[list[TensorMeta], list[bytes | memoryview]]:
     """Header entries and byte blobs for named tensors (numpy arrays or torch tensors)."""
     metas: list[TensorMeta] = []
     blobs: list[bytes | memoryview] = []
     for name, value in named.items():
+        if is_text(value):
+            shape, data = encode_strings(value)
+            metas.append({"name": name, "dtype": BYTES, "shape": shape, "nbytes": len(data)})
+            blobs.append(data)
+            continue
+        if _is_bf16_tensor(value):
+            # Its bit pattern, reinterpreted (no rounding): int16 is what numpy can hold.
+            arr = value.detach().contiguous().view(_int16_of(value)).cpu().numpy()
+            metas.append(
+                {"name": name, "dtype": BF16, "shape": list(arr.shape), "nbytes": arr.nbytes}
+            )
+            blobs.append(memoryview(np.ascontiguousarray(arr)).cast("B") if arr.nbytes else b"")
+            continue
         arr = as_array(value)
         dtype_name = arr.dtype.name
         if dtype_name not in WIRE_DTYPES:
@@ -66,8 +90,11 @@ def encode_tensors(named: Mapping[str, Any]) -> tuple[list[TensorMeta], list[byt
     return metas, blobs
 
 
-def validate_metas(metas: Any, payload_len: int) -> list[TensorMeta]:
-    """Check header tensor entries against the payload; raises ProtocolError saying what is off."""
+def validate_metas(
+    metas: Any, payload_len: int, payload: bytes | memoryview | None = None
+) -> list[TensorMeta]:
+    """Check header tensor entries against the payload; raises ProtocolError saying what is off.
+    With `payload`, a strings tensor's element lengths are checked too."""
     if not isinstance(metas, list):
         raise ProtocolError("'tensors' must be a list of {name, dtype, shape, nbytes}")
     total = 0
@@ -81,9 +108,10 @@ def validate_metas(metas: Any, payload_len: int) -> list[TensorMeta]:
         if name in names:
             raise ProtocolError(f"tensor name {name!r} appears twice")
         names.add(name)
-        if dtype not in WIRE_DTYPES:
+        if not isinstance(dtype, str) or dtype not in ALL_WIRE_DTYPES:
             raise ProtocolError(
-                f"tensor {name!r}: unsupported dtype {dtype!r}; use one of {', '.join(WIRE_DTYPES)}"
+                f"tensor {name!r}: unsupported dtype {dtype!r}; use one of "
+                f"{', '.join(ALL_WIRE_DTYPES)}"
             )
         if (
             not isinstance(shape, list)
@@ -93,6 +121,17 @@ def validate_metas(metas: Any, payload_len: int) -> list[TensorMeta]:
             raise ProtocolError(
                 f"tensor {name!r}: shape must be a list of sizes >= 0, got {shape!r}"
             )
+        if dtype == BYTES:
+            count = math.prod(shape)
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 4 * count:
+                raise ProtocolError(
+                    f"tensor {name!r}: nbytes {nbytes!r} is too small for {count} BYTES "
+                    "element(s) (4 bytes of length each, at least)"
+                )
+            if payload is not None and total + nbytes <= payload_len:
+                split_strings(payload[total : total + nbytes], count, f"tensor {name!r}")
+            total += nbytes
+            continue
         expected = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
         if nbytes != expected:
             raise ProtocolError(
@@ -116,8 +155,32 @@ def decode_tensors(
     offset = 0
     for meta in metas:
         n = meta["nbytes"]
+        if meta["dtype"] == BYTES:
+            out[meta["name"]] = decode_strings(payload[offset : offset + n], meta["shape"])
+            offset += n
+            continue
         arr = np.frombuffer(payload[offset : offset + n], dtype=WIRE_DTYPES[meta["dtype"]])
         arr = arr.reshape(meta["shape"])
         out[meta["name"]] = arr.copy() if writable else arr
         offset += n
+    return out
+
+
+def _int16_of(tensor: Any) -> Any:
+    """torch.int16 from a tensor's own module (this module never imports torch)."""
+    return sys.modules[type(tensor).__module__.split(".")[0]].int16
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as float32: exact, bfloat16 is float32's top half."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as uint16 bit patterns."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    nan = np.isnan(values)
+    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    out[nan] = 0x7FC0
     return out

@@ -23,9 +23,17 @@ import torch
 from hotreload import runtime
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.pacing import no_pause
-
-#: Input forms: how the wire tensors are passed to the model.
-FORM_SINGLE, FORM_TUPLE, FORM_DICT = "single", "tuple", "dict"
+from hotreload.worker.signatures import (
+    FORM_SINGLE,
+    FORM_TUPLE,
+    SignatureError,
+    accepted_parameters,
+    dropped_note,
+    input_signature,
+    normalise_example,
+    normalise_output,
+    output_signature,
+)
 
 
 class LoadError(Exception):
@@ -39,7 +47,7 @@ class ModelVersion:
     version: int
     model: Callable[..., Any]
     example_form: str
-    example: dict[str, torch.Tensor]
+    example: dict[str, Any]
     device: torch.device
     stream: Any | None
     load_s: float = 0.0
@@ -49,6 +57,10 @@ class ModelVersion:
     output_signature: list[dict[str, Any]] = field(default_factory=list)
     footprint_bytes: int = 0
     on_host: bool = False
+    #: Keyword parameters a request may pass, and whether the call takes **kwargs.
+    parameters: tuple[set[str], bool] = (set(), False)
+    #: Things to say once about this version (outputs left out of replies).
+    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -225,53 +237,18 @@ def load_weights(model: Any, files: Sequence[str], device: torch.device) -> None
 # ----------------------------------------------------------------------------- inputs/outputs
 
 
-def normalise_example(value: Any) -> tuple[str, dict[str, torch.Tensor]]:
-    """The example input as a form and named tensors (single, tuple or dict)."""
-    if isinstance(value, torch.Tensor):
-        return FORM_SINGLE, {"input": value}
-    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
-        return FORM_TUPLE, {f"input_{i}": v for i, v in enumerate(value)}
-    if isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
-    ):
-        return FORM_DICT, dict(value)
-    raise LoadError(
-        "the example callable must return a tensor, a tuple/list of tensors or a dict of "
-        f"name -> tensor; it returned {type(value).__name__}"
-    )
-
-
-def call_model(model: Callable[..., Any], form: str, inputs: dict[str, torch.Tensor]) -> Any:
+def call_model(
+    model: Callable[..., Any],
+    form: str,
+    inputs: dict[str, Any],
+    params: dict[str, Any] | None = None,
+) -> Any:
+    kw = params or {}
     if form == FORM_SINGLE:
-        return model(next(iter(inputs.values())))
+        return model(next(iter(inputs.values())), **kw)
     if form == FORM_TUPLE:
-        return model(*inputs.values())
-    return model(**inputs)
-
-
-def normalise_output(value: Any) -> tuple[str, dict[str, torch.Tensor]]:
-    """Model output as a form and named tensors, for the wire and for smoke checks."""
-    if isinstance(value, torch.Tensor):
-        return FORM_SINGLE, {"output": value}
-    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in value):
-        return FORM_TUPLE, {f"output_{i}": v for i, v in enumerate(value)}
-    if isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
-    ):
-        return FORM_DICT, dict(value)
-    if isinstance(value, (int, float, bool)):
-        return FORM_SINGLE, {"output": torch.as_tensor(value)}
-    raise LoadError(
-        "the model must return a tensor, a tuple/list of tensors or a dict of name -> tensor; "
-        f"it returned {type(value).__name__}"
-    )
-
-
-def signature(named: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    return [
-        {"name": k, "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
-        for k, v in named.items()
-    ]
+        return model(*inputs.values(), **kw)
+    return model(**inputs, **kw)
 
 
 # ----------------------------------------------------------------------------- build
@@ -331,8 +308,12 @@ def build_version(
         step_done()
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
-        form, example = normalise_example(example_fn())
-        example = {k: v.to(device) for k, v in example.items()}
+        try:
+            form, example = normalise_example(example_fn())
+            signature_in = input_signature(example, form, spec.get("shapes"))
+        except SignatureError as exc:
+            raise LoadError(str(exc)) from None
+        example = {k: _to(v, device) for k, v in example.items()}
         if device.type == "cuda":
             # A stream of this version's own: the sync phase waits on exactly these.
             stream = torch.cuda.Stream(device)
@@ -346,26 +327,45 @@ def build_version(
         example=example,
         device=device,
         stream=stream,
-        input_signature=signature(example),
+        input_signature=signature_in,
+        parameters=accepted_parameters(model),
     )
     mv.load_s = time.perf_counter() - started
     mv.footprint_bytes = max(0, allocated_bytes(device) - before)
     return mv
 
 
-def forward(mv: ModelVersion, form: str, inputs: dict[str, torch.Tensor]) -> Any:
+def forward(
+    mv: ModelVersion, form: str, inputs: dict[str, Any], params: dict[str, Any] | None = None
+) -> Any:
     """One inference pass on the version's own stream (CUDA) under inference_mode."""
     if not torch.is_inference_mode_enabled():
         # The serving thread runs in inference mode for good (entering it costs ~15 us a
         # request); warm-ups and smoke tests on other threads enter it here.
         with torch.inference_mode():
-            return forward(mv, form, inputs)
+            return forward(mv, form, inputs, params)
     if mv.stream is not None:
         with torch.cuda.stream(mv.stream):
-            out = call_model(mv.model, form, inputs)
+            out = call_model(mv.model, form, inputs, params)
         mv.stream.synchronize()
         return out
-    return call_model(mv.model, form, inputs)
+    return call_model(mv.model, form, inputs, params)
+
+
+def check_parameters(mv: ModelVersion, params: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Refuse a parameter the model's call does not take (LoadError names what it takes)."""
+    names, any_kw = mv.parameters
+    clash = sorted(set(params) & set(inputs))
+    if clash:
+        raise LoadError(f"parameter(s) {clash} have the names of inputs; rename one of them")
+    unknown = sorted(set(params) - names) if not any_kw else []
+    if unknown:
+        takes = ", ".join(sorted(names)) or "no keyword parameters"
+        raise LoadError(f"the model does not take parameter(s) {unknown}; it takes {takes}")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def warm(mv: ModelVersion, iters: int, step_done: Callable[[], None] = no_pause) -> None:
@@ -389,13 +389,15 @@ def smoke(
     expected: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the example once; reject non-finite outputs and an unexpected output signature."""
-    out_form, outputs = normalise_output(forward(mv, mv.example_form, mv.example))
+    try:
+        out_form, outputs, dropped = normalise_output(forward(mv, mv.example_form, mv.example))
+    except SignatureError as exc:
+        raise LoadError(f"smoke test: {exc}") from None
+    note = dropped_note(dropped)
+    mv.notes = [note] if note else []
     for name, t in outputs.items():
-        if t.dtype == torch.bfloat16:
-            raise LoadError(
-                f"output {name!r} is bfloat16, which cannot travel to clients; cast it to "
-                "float32 (or float16) at the end of forward()"
-            )
+        if not isinstance(t, torch.Tensor):
+            continue  # strings
         if t.is_floating_point() or t.is_complex():
             finite = torch.isfinite(t)
             if not bool(finite.all()):
@@ -404,9 +406,7 @@ def smoke(
                     f"smoke test: output {name!r} has {bad} non-finite value(s) (NaN or inf) "
                     f"out of {t.numel()} for the example input"
                 )
-    sig = signature(outputs)
-    for entry in sig:
-        entry["form"] = out_form
+    sig = output_signature(outputs, out_form)
     if expected:
         _check_expected(sig, expected)
     if previous is not None and not allow_output_change:
@@ -469,7 +469,7 @@ def offload(mv: ModelVersion) -> None:
     """Move a version to host memory (resource policy keeps it to restore on failure)."""
     if isinstance(mv.model, torch.nn.Module) and mv.device.type == "cuda":
         mv.model.to("cpu")
-        mv.example = {k: v.cpu() for k, v in mv.example.items()}
+        mv.example = {k: _to(v, torch.device("cpu")) for k, v in mv.example.items()}
         mv.on_host = True
         gc.collect()
         torch.cuda.empty_cache()
@@ -479,5 +479,5 @@ def restore(mv: ModelVersion) -> None:
     if mv.on_host:
         assert isinstance(mv.model, torch.nn.Module)
         mv.model.to(mv.device)
-        mv.example = {k: v.to(mv.device) for k, v in mv.example.items()}
+        mv.example = {k: _to(v, mv.device) for k, v in mv.example.items()}
         mv.on_host = False

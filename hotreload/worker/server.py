@@ -25,11 +25,12 @@ from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, sen
 from hotreload.protocol.tensors import encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.fresh_source import compile_from_source
-from hotreload.worker.inputs import request_tensors
+from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
 from hotreload.worker.placement import BuildPlacement
 from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
+from hotreload.worker.signatures import normalise_output
 
 _STOP = object()
 
@@ -130,9 +131,16 @@ class Worker:
             if mv.device.type == "cpu":
                 inputs = {k: tensors[k] for k in names}
             else:
-                inputs = {k: tensors[k].to(mv.device) for k in names}
-            out = loader.forward(mv, mv.example_form, inputs)
-            form, outputs = loader.normalise_output(out)
+                inputs = {k: to_device(tensors[k], mv.device) for k in names}
+            params = h.get("parameters")
+            if params:
+                try:
+                    loader.check_parameters(mv, params, inputs)
+                except LoadError as exc:
+                    self.send(error_header(h["id"], "bad_request", str(exc)))
+                    return
+            out = loader.forward(mv, mv.example_form, inputs, params)
+            form, outputs, _ = normalise_output(out)
             metas, blobs = encode_tensors(outputs)  # CPU copies of device tensors, as numpy
             compute_ms = (time.perf_counter() - t0) * 1000
         except BaseException:
@@ -259,7 +267,8 @@ class Worker:
             expected=self.spec.get("expected_output"),
         )
         pacer.step_done()
-        self.send({"id": h["id"], "ok": True, "outputs": sig, "paused_s": pacer.paused_s})
+        reply = {"id": h["id"], "ok": True, "outputs": sig, "notes": mv.notes}
+        self.send({**reply, "paused_s": pacer.paused_s})
 
     # ------------------------------------------------------------------ control (reader thread)
 

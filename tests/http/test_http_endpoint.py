@@ -153,7 +153,7 @@ def test_bad_requests_are_clear_4xx_and_the_server_carries_on(tmp_path: Path, ht
         assert "unsupported datatype 'FP33'" in refused(
             json_infer([0] * 64, [1, 64], datatype="FP33")
         )
-        assert "BYTES (strings) is not supported" in refused(
+        assert "expected dtype float32, got bytes" in refused(
             json_infer(["a"], [1], datatype="BYTES")
         )
         assert "expected shape [N, 64] (dimension 0 may vary), got [1, 32]" in refused(

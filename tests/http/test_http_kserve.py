@@ -69,10 +69,10 @@ def test_binary_and_json_inputs_become_router_tensors() -> None:
             "datatypes are upper case",
         ),
         (
-            {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
+            {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2], "data": ["a", 5]}]},
             b"",
             None,
-            "BYTES (strings) is not supported",
+            "BYTES 'data' must hold 2 string(s) for shape [2]",
         ),
         (
             {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]},

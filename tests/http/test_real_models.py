@@ -1,0 +1,282 @@
+"""The models people actually edit, built from transformers configs with random weights (no
+download): any sequence length, text in and out, Hugging Face output structures, bfloat16.
+Each served answer is compared with the same model called in this process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hotreload import AsyncClient, Client
+from hotreload.errors import BadRequestError, ConfigError
+from tests.http.support_http import json_infer, request
+from tests.support import REPO, count_events
+
+transformers = pytest.importorskip("transformers")
+import tritonclient.http as httpclient  # noqa: E402
+
+TINY_LM = REPO / "examples" / "tiny_lm"
+
+ENCODER = '''
+import torch
+from transformers import BertConfig, BertModel
+
+def build():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128)
+    return BertModel(config).eval()
+
+def example():
+    ids = torch.arange(16).reshape(1, 16) % 300
+    return {"input_ids": ids, "attention_mask": torch.ones(1, 16, dtype=torch.long)}
+'''
+
+CAUSAL = '''
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+def build():
+    torch.manual_seed(0)
+    # The default config: use_cache=True, so the output holds a DynamicCache.
+    config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         output_hidden_states=True)
+    return Qwen2ForCausalLM(config).eval()
+
+def example():
+    return {"input_ids": torch.arange(8).reshape(1, 8)}
+'''
+
+ODD_OUTPUTS = '''
+import torch
+
+class Odd(torch.nn.Module):
+    def forward(self, x):
+        return {"scores": x * 2, "half": (x / 2).to(torch.bfloat16), "skipped": None,
+                "nested": {"sum": x.sum(dim=1), "parts": (x[:, :1], x[:, 1:])}}
+
+def build():
+    return Odd()
+
+def example():
+    return torch.ones(1, 4)
+'''
+
+
+def load_module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def project(tmp_path: Path, config: str, files: dict[str, str]) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for name, text in files.items():
+        (proj / name).write_text(text)
+    (proj / "hotreload.toml").write_text(config)
+    return proj / "hotreload.toml"
+
+
+@pytest.fixture
+def tiny_lm(tmp_path: Path, http_serve) -> Any:  # type: ignore[no-untyped-def]
+    proj = tmp_path / "tiny_lm"
+    shutil.copytree(TINY_LM, proj, ignore=shutil.ignore_patterns("__pycache__", ".hotreload"))
+    return http_serve(proj / "hotreload.toml")
+
+
+def test_tiny_lm_prompts_in_text_out_over_every_client(tiny_lm: Any) -> None:
+    module = load_module(tiny_lm.config.parent / "model.py", "hr_tiny_lm_model")
+    model = module.build()
+    prompts = ["Hi", "A much longer prompt than the first one", "Once upon a time"]
+
+    def in_process(batch: list[str], n: int) -> list[str]:
+        with torch.inference_mode():
+            return model(batch, max_new_tokens=n)
+
+    client = Client(config=tiny_lm.config, timeout_s=60)
+    texts, version, _ = client.infer("gen", prompts, parameters={"max_new_tokens": 5})
+    assert texts == in_process(prompts, 5) and version == 1
+    assert all(len(t) == 5 for t in texts)
+    # One prompt alone: a str in, a str out, the same answer as inside a batch.
+    assert client.infer("gen", prompts[1], parameters={"max_new_tokens": 5}).output == texts[1]
+    with pytest.raises(BadRequestError, match=r"does not take parameter\(s\) \['temperature'\]"):
+        client.infer("gen", prompts, parameters={"temperature": 0.5})
+
+    async def through_async() -> list[str]:
+        async with AsyncClient(config=tiny_lm.config) as aclient:
+            r = await aclient.infer("gen", prompts, parameters={"max_new_tokens": 3})
+            return r.output
+
+    import asyncio
+
+    assert asyncio.run(asyncio.wait_for(through_async(), 60)) == in_process(prompts, 3)
+
+    # KServe BYTES: tritonclient binary, then JSON (curl-style) with parameters.
+    triton = httpclient.InferenceServerClient(url=tiny_lm.address, network_timeout=60)
+    try:
+        inp = httpclient.InferInput("input", [len(prompts)], "BYTES")
+        inp.set_data_from_numpy(np.array(prompts, dtype=object))
+        result = triton.infer("gen", [inp], parameters={"max_new_tokens": 4})
+        assert [v.decode() for v in result.as_numpy("output")] == in_process(prompts, 4)
+        meta = triton.get_model_metadata("gen")
+        assert meta["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1]}]
+    finally:
+        triton.close()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "input", "datatype": "BYTES", "shape": [2], "data": prompts[:2]}],
+            "parameters": {"max_new_tokens": 6},
+        }
+    ).encode()
+    status, _, answer = request(tiny_lm.url, "/v2/models/gen/infer", body)
+    assert status == 200, answer
+    assert json.loads(answer)["outputs"][0]["data"] == in_process(prompts[:2], 6)
+
+
+def test_tiny_lm_sampling_edit_goes_live(tiny_lm: Any) -> None:
+    client = Client(config=tiny_lm.config, timeout_s=60)
+    before = client.infer("gen", ["Hello"], parameters={"max_new_tokens": 6}).output
+    code = tiny_lm.config.parent / "model.py"
+    code.write_text(code.read_text().replace("TOP_K = 1\n", "TOP_K = 2\n"))
+    outcome = client.reload("gen")["outcomes"][0]
+    assert outcome["ok"], outcome
+    after, version, _ = client.infer("gen", ["Hello"], parameters={"max_new_tokens": 6})
+    assert version == 2 and after != before
+    module = load_module(code, "hr_tiny_lm_edited")
+    with torch.inference_mode():
+        assert after == module.build()(["Hello"], max_new_tokens=6)
+
+
+def test_an_encoder_takes_any_sequence_length_it_declares(tmp_path: Path, http_serve) -> None:
+    config = project(
+        tmp_path,
+        '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'
+        "threads = 1\nwarmup_iters = 1\n"
+        "shapes = { input_ids = [-1, -1], attention_mask = [-1, -1] }\n",
+        {"enc.py": ENCODER},
+    )
+    server = http_serve(config)
+    assert "inputs input_ids [-1, -1], attention_mask [-1, -1]" in server.output
+    model = load_module(config.parent / "enc.py", "hr_encoder").build()
+    client = Client(config=config, timeout_s=60)
+    rng = np.random.default_rng(0)
+    for length in (3, 16, 77):
+        ids = rng.integers(0, 300, (2, length), dtype=np.int64)
+        mask = np.ones((2, length), np.int64)
+        mask[1, length // 2 :] = 0
+        out, _, _ = client.infer("enc", {"input_ids": ids, "attention_mask": mask})
+        with torch.inference_mode():
+            ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+        assert sorted(out) == ["last_hidden_state", "pooler_output"]
+        np.testing.assert_allclose(out["last_hidden_state"], ref.last_hidden_state, atol=1e-4)
+        np.testing.assert_allclose(out["pooler_output"], ref.pooler_output, atol=1e-4)
+    triton = httpclient.InferenceServerClient(url=server.address, network_timeout=60)
+    try:
+        meta = triton.get_model_metadata("enc")
+    finally:
+        triton.close()
+    assert [i["shape"] for i in meta["inputs"]] == [[-1, -1], [-1, -1]]
+    assert {o["name"]: o["shape"] for o in meta["outputs"]} == {
+        "last_hidden_state": [-1, -1, -1],
+        "pooler_output": [-1, -1],
+    }
+    # A rank the declaration does not allow is refused, naming what is wrong.
+    with pytest.raises(BadRequestError, match=r"input_ids: expected shape \[-1, -1\]"):
+        client.infer("enc", {"input_ids": np.zeros((1, 2, 3), np.int64), "attention_mask": mask})
+
+
+def test_hugging_face_outputs_are_flattened_and_a_cache_is_left_out_once(
+    tmp_path: Path, serve
+) -> None:
+    config = project(
+        tmp_path,
+        '[[models]]\nname = "lm"\nentry = "lm.py:build"\nexample = "lm.py:example"\n'
+        "threads = 1\nwarmup_iters = 1\nshapes = { input_ids = [-1, -1] }\n",
+        {"lm.py": CAUSAL},
+    )
+    session = serve(config)
+    assert "note: output field(s) 'cache' (DynamicCache) cannot travel" in session.output
+    assert "use_cache=False" in session.output
+    model = load_module(config.parent / "lm.py", "hr_causal").build()
+    client = Client(config=config, timeout_s=60)
+    ids = np.array([[5, 9, 2, 7, 1, 3, 3, 4, 100, 0, 11]], np.int64)
+    out, _, _ = client.infer("lm", {"input_ids": ids})
+    with torch.inference_mode():
+        ref = model(input_ids=torch.tensor(ids))
+    assert "cache" not in out
+    np.testing.assert_allclose(out["logits"], ref.logits, atol=1e-4)
+    assert [k for k in out if k.startswith("hidden_states.")] == [
+        f"hidden_states.{i}" for i in range(len(ref.hidden_states))
+    ]
+    np.testing.assert_allclose(out["hidden_states.2"], ref.hidden_states[2], atol=1e-4)
+    client.infer("lm", {"input_ids": ids[:, :4]})
+    assert count_events(config, "model_note") == 1  # said once, not per request
+
+
+def test_nested_none_and_bfloat16_outputs_travel(tmp_path: Path, http_serve) -> None:
+    config = project(
+        tmp_path,
+        '[[models]]\nname = "odd"\nentry = "odd.py:build"\nexample = "odd.py:example"\n'
+        "threads = 1\nwarmup_iters = 1\n",
+        {"odd.py": ODD_OUTPUTS},
+    )
+    server = http_serve(config)
+    x = np.array([[1.0, 2.5, -3.0, 0.1]], np.float32)
+    client = Client(config=config)
+    out, _, _ = client.infer("odd", x)
+    assert sorted(out) == ["half", "nested.parts.0", "nested.parts.1", "nested.sum", "scores"]
+    want_half = (torch.tensor(x) / 2).to(torch.bfloat16)
+    assert out["half"].dtype == np.float32
+    np.testing.assert_array_equal(out["half"], want_half.float().numpy())
+    raw = client.infer("odd", x, raw=True).output["half"]
+    assert raw.dtype == np.uint16
+    np.testing.assert_array_equal(raw, want_half.view(torch.int16).numpy().view(np.uint16))
+    np.testing.assert_array_equal(out["nested.parts.1"], x[:, 1:])
+    body = json_infer(x.ravel().tolist(), [1, 4])
+    status, _, body = request(server.url, "/v2/models/odd/infer", body)
+    outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+    assert status == 200 and outputs["half"]["datatype"] == "BF16"
+    assert outputs["half"]["data"] == want_half.float().ravel().tolist()
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        ("{ tokens = [-1, -1] }", "`shapes` names 'tokens', but the example's inputs are"),
+        ("{ input_ids = [-1] }", "shapes.input_ids = [-1] has 1 dimension(s)"),
+        ("{ input_ids = [-1, 8] }", "fixes dimension 1 at 8, but the example's 'input_ids'"),
+    ],
+)
+def test_a_wrong_shapes_declaration_fails_the_start_and_says_why(
+    tmp_path: Path, serve, shapes: str, message: str
+) -> None:
+    config = project(
+        tmp_path,
+        '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'
+        f"threads = 1\nwarmup_iters = 1\nshapes = {shapes}\n",
+        {"enc.py": ENCODER},
+    )
+    session = serve(config, wait_ready=False)
+    session.wait_for(message, 90)
+
+
+def test_shapes_values_are_checked_in_the_config(tmp_path: Path) -> None:
+    from hotreload.config import parse_config
+
+    model = {"name": "m", "entry": "m:build", "example": "m:ex", "shapes": {"input": [0, 4]}}
+    with pytest.raises(ConfigError, match="use -1 for any size"):
+        parse_config({"models": [model]}, path=tmp_path / "hotreload.toml")
