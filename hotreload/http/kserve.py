@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hotreload.protocol.header_fields import json_type
 from hotreload.protocol.tensors import MAX_RANK, WIRE_DTYPES
 
 #: Header naming the length of the JSON part of a body that carries binary tensors.
@@ -81,7 +82,7 @@ class InferRequest:
 
 def _obj(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InferRequestError(f"{what} must be a JSON object, got {type(value).__name__}")
+        raise InferRequestError(f"{what} must be a JSON object, got {json_type(value)}")
     return value
 
 
@@ -116,6 +117,11 @@ def _shape(value: Any, name: str) -> list[int]:
 
 
 def _datatype(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InferRequestError(
+            f"input {name!r}: 'datatype' must be a string such as \"FP32\", got "
+            f"{json_type(value)}"
+        )
     if value == "BYTES":
         raise InferRequestError(
             f"input {name!r}: datatype BYTES (strings) is not supported; hotreload serves "
@@ -150,7 +156,9 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     head, binary = _split_body(body, header_length)
     try:
         doc = json.loads(bytes(head))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers a syntax error (JSONDecodeError), bad UTF-8 and an integer of
+        # more than 4300 digits; RecursionError, nesting deeper than the parser goes.
         where = f"the first {len(head)} bytes ({HEADER_LENGTH})" if header_length else "the body"
         raise InferRequestError(f"{where} is not valid JSON: {exc}") from None
     doc = _obj(doc, "the request")

@@ -188,7 +188,7 @@ class KServeApp:
             return {}
         try:
             doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # see parse_infer_request
             raise HttpError(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise HttpError(400, "the body must be a JSON object")

@@ -81,7 +81,7 @@ def validate_metas(metas: Any, payload_len: int) -> list[TensorMeta]:
         if name in names:
             raise ProtocolError(f"tensor name {name!r} appears twice")
         names.add(name)
-        if dtype not in WIRE_DTYPES:
+        if not isinstance(dtype, str) or dtype not in WIRE_DTYPES:
             raise ProtocolError(
                 f"tensor {name!r}: unsupported dtype {dtype!r}; use one of {', '.join(WIRE_DTYPES)}"
             )
