@@ -19,23 +19,43 @@ from hotreload.errors import HotreloadError
 MAX_SOCKET_PATH = 107
 
 
-def default_socket_dir() -> Path:
+def user_runtime_dir() -> Path:
+    """This user's own folder for sockets and lock files: `$XDG_RUNTIME_DIR/hotreload` when
+    that folder is ours (the login manager makes it 0700), else `hotreload-<uid>` in the
+    temp folder, which `ensure_private_dir` creates 0700 or refuses when another user made it
+    first."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir() and os.access(runtime, os.W_OK):
-        return Path(runtime) / "hotreload"
+    if runtime:
+        try:
+            st = os.stat(runtime)
+        except OSError:
+            st = None
+        if (
+            st is not None
+            and stat.S_ISDIR(st.st_mode)
+            and st.st_uid == os.getuid()
+            and os.access(runtime, os.W_OK)
+        ):
+            return Path(runtime) / "hotreload"
     return Path(tempfile.gettempdir()) / f"hotreload-{os.getuid()}"
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create `path` with mode 0700, or check an existing one belongs to us and is private."""
+def default_socket_dir() -> Path:
+    return user_runtime_dir()
+
+
+def ensure_private_dir(path: Path, fix: str = "set socket_dir in the config") -> Path:
+    """Create `path` with mode 0700, or check an existing one belongs to us and is private.
+    `fix` says what to do when it belongs to someone else."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise HotreloadError(f"{path} is not a plain folder; remove it and try again")
-    if st.st_uid != os.getuid():
         raise HotreloadError(
-            f"{path} belongs to uid {st.st_uid}, not you; set socket_dir in the config"
+            f"{path} is not a plain folder (a symbolic link or a file); hotreload never "
+            "follows one there: remove it and try again"
         )
+    if st.st_uid != os.getuid():
+        raise HotreloadError(f"{path} belongs to uid {st.st_uid}, not you; {fix}")
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, 0o700)
     return path

@@ -11,10 +11,11 @@ give a production model server.
 
 The plan is made once per session. `auto` gives a model as many CPUs as its torch intra-op
 threads, taken from the highest-numbered free ones, and only while at least one CPU is left
-for the rest. A CPU is claimed with an advisory lock on a file in the folder of the
-machine-wide reload locks, held for the session's life (the kernel drops it when the process
-dies), so two sessions on one machine, of any user, never pin their serving workers to the
-same core.
+for the rest. A CPU is claimed with an advisory lock on a file in the folder of the reload
+locks (this user's own, 0700: engine/locks.py), held for the session's life (the kernel drops
+it when the process dies), so two sessions of one user never pin their serving workers to the
+same core. Another user can neither see nor hold these claims: in a shared folder anyone
+could have held them all.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _try_claim(folder: Path, cpu: int) -> int | None:
     try:
         fd = open_lock_file(folder, f"cpu{cpu}")
     except OSError:
-        return None  # another user's file we may not open, or no descriptors left: unclaimed
+        return None  # no descriptors left, say: unclaimed (a bad folder raises HotreloadError)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
