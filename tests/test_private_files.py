@@ -6,6 +6,7 @@ either is refused, never followed. Tests that are about another user run one (cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hotreload.config import load_config
@@ -57,10 +59,17 @@ def other_user() -> Iterator[OtherUser]:
         pytest.skip("needs useradd and setpriv (util-linux) to run as a second user")
     name = f"hrt{secrets.token_hex(4)}"
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    user = OtherUser(name)
     try:
-        yield OtherUser(name)
+        yield user
     finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+        # Whatever this test started as that user ends with it (it owns no other process).
+        for proc in psutil.process_iter(["uids"]):
+            if proc.info["uids"] and proc.info["uids"].real == user.uid:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        # -f: even if a process of it is somehow still alive (it must not outlive the test).
+        subprocess.run(["userdel", "-f", name], check=False, capture_output=True)
 
 
 @pytest.fixture
