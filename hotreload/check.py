@@ -25,7 +25,7 @@ from hotreload.engine.stats import percentile
 from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from hotreload.paths import ensure_state_dir
+from hotreload.paths import ensure_state_dir, write_private_file
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
 
 MIB = 2**20
@@ -308,7 +308,7 @@ class ModelCheck:
         data[self.model.name] = {"outputs": outputs, "checked_at": time.time()}
         try:
             ensure_state_dir(self.record_path.parent)
-            self.record_path.write_text(json.dumps(data, indent=2) + "\n")
+            write_private_file(self.record_path, json.dumps(data, indent=2) + "\n")
         except OSError:
             pass  # a read-only checkout still gets its verdict
 

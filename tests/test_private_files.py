@@ -25,6 +25,7 @@ from hotreload.config import load_config
 from hotreload.engine.cpus import plan_cpus
 from hotreload.engine.locks import LOCK_DIR_ENV, DeviceLocks, default_lock_dir, open_lock_file
 from hotreload.errors import HotreloadError
+from tests.support import ServeProcess, make_project
 
 IS_ROOT = os.geteuid() == 0
 
@@ -181,3 +182,60 @@ def test_a_symlinked_lock_folder_is_refused(machine_tmp: Path, tmp_path: Path) -
     link.symlink_to(tmp_path / "real")
     with pytest.raises(HotreloadError, match="not a plain folder"):
         open_lock_file(default_lock_dir(), "cuda:0")
+
+
+# ---------------------------------------------------------------------- the state folder
+
+
+@pytest.fixture
+def open_project() -> Iterator[Path]:
+    """The example project in a folder every user may enter (as a checkout in a shared home
+    often is), so only the state folder's own modes keep another user out."""
+    folder = Path(tempfile.mkdtemp(prefix="hotreload-open-project-", dir="/tmp"))
+    os.chmod(folder, 0o755)
+    try:
+        config = make_project(folder)
+        for path in [folder / "proj", *(folder / "proj").rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        yield config
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_state_is_private_to_the_user(open_project: Path, serve: ServeProcess.Factory) -> None:
+    state = open_project.parent / ".hotreload"
+    state.mkdir(mode=0o755)  # as an older hotreload left it
+    (state / "events.jsonl").write_text("")
+    os.chmod(state / "events.jsonl", 0o644)
+    serve(open_project)
+    assert _mode(state) == 0o700
+    for name in ("events.jsonl", "session.json", ".gitignore"):
+        assert _mode(state / name) == 0o600, name
+
+
+def test_another_user_cannot_read_the_state(
+    open_project: Path, serve: ServeProcess.Factory, other_user: OtherUser
+) -> None:
+    serve(open_project)
+    state = open_project.parent / ".hotreload"
+    assert other_user.run("cat", str(open_project)).returncode == 0  # the project is open
+    for argv in (("ls", str(state)), ("cat", str(state / "events.jsonl"))):
+        denied = other_user.run(*argv)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, argv
+
+
+@pytest.mark.parametrize("link", [".hotreload", ".hotreload/events.jsonl"])
+def test_a_symlinked_state_folder_or_events_file_is_refused(
+    project: Path, serve: ServeProcess.Factory, tmp_path: Path, link: str
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = project.parent / link
+    where.parent.mkdir(exist_ok=True)
+    where.symlink_to(elsewhere if link == ".hotreload" else elsewhere / "events.jsonl")
+    proc = serve(project, wait_ready=False)
+    code = proc.proc.wait(60)
+    proc.stop()
+    assert code == 3, proc.output
+    assert f"{where} is" in proc.output and "symbolic link" in proc.output, proc.output
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
