@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):  # noqa: UP036 - tomli kept for a 3.10 backport
 else:  # pragma: no cover - the project requires 3.11, kept for forks on 3.10
     import tomli as tomllib
 
-from hotreload.errors import ConfigError
+from hotreload.errors import ConfigError, did_you_mean
 
 CONFIG_FILENAME = "hotreload.toml"
 PYPROJECT = "pyproject.toml"
@@ -293,8 +293,7 @@ class _Checker:
         self.table: dict[str, Any] = table
         for name in table:
             if name not in known:
-                hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                suggestion = did_you_mean(name, list(known))
                 allowed = ", ".join(known)
                 self.fail(self.sub(name), f"unknown key{suggestion} (known keys here: {allowed})")
 

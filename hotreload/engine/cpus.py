@@ -147,18 +147,29 @@ def plan_cpus(
     return plan
 
 
+def cpus_problem(m: ModelConfig, available: frozenset[int]) -> str | None:
+    """Why an explicit `cpus` list cannot be honoured here (CPUs this process may not use),
+    or None. Checked before start-up (hotreload/preflight.py) and again when claiming."""
+    if not isinstance(m.cpus, tuple):
+        return None
+    missing = frozenset(m.cpus) - available
+    if not missing:
+        return None
+    return (
+        f"CPU {format_cpus(missing)} is not available to this process (it may use "
+        f'CPU {format_cpus(available)}); pick from those or set cpus = "auto"'
+    )
+
+
 def _claim_explicit(
     plan: CpuPlan, m: ModelConfig, available: frozenset[int], folder: Path, taken: set[int]
 ) -> None:
     assert isinstance(m.cpus, tuple)
     cpus = frozenset(m.cpus)
     key = f"models.{m.name}.cpus"
-    missing = cpus - available
-    if missing:
-        raise ConfigError(
-            f"{key}: CPU {format_cpus(missing)} is not available to this process (it may use "
-            f'CPU {format_cpus(available)}); pick from those or set cpus = "auto"'
-        )
+    problem = cpus_problem(m, available)
+    if problem:
+        raise ConfigError(f"{key}: {problem}")
     for other, theirs in plan.serving.items():
         if cpus & theirs:
             raise ConfigError(
