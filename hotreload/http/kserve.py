@@ -119,8 +119,7 @@ def _shape(value: Any, name: str) -> list[int]:
 def _datatype(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise InferRequestError(
-            f"input {name!r}: 'datatype' must be a string such as \"FP32\", got "
-            f"{json_type(value)}"
+            f"input {name!r}: 'datatype' must be a string such as \"FP32\", got {json_type(value)}"
         )
     if value == "BYTES":
         raise InferRequestError(
