@@ -159,6 +159,12 @@ class HttpConfig:
     port: int = 8000
     #: A second listener serving only /metrics (Triton serves it on 8002).
     metrics_port: int | None = None
+    #: Seconds a request body may take to arrive in full (then 408, and the connection closes).
+    body_timeout_s: float = 60.0
+    #: Seconds an idle keep-alive connection stays open.
+    keepalive_timeout_s: float = 75.0
+    #: Largest body after gzip/deflate inflation, in MiB (None: max_frame_mib).
+    max_inflated_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -471,6 +477,11 @@ def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Con
             if "metrics_port" in h.table
             else None
         ),
+        body_timeout_s=h.number("body_timeout_s", 60.0, minimum=0.001),
+        keepalive_timeout_s=h.number("keepalive_timeout_s", 75.0, minimum=0.001),
+        max_inflated_mib=h.integer("max_inflated_mib", 0, minimum=1, maximum=4096)
+        if "max_inflated_mib" in h.table
+        else None,
     )
 
     return Config(
