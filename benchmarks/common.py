@@ -64,14 +64,20 @@ HEADER = f"{'path':<34} {'cli':>4} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>10} {'f
 
 
 async def _closed_loop(
-    socket_path: str, model: str, clients: int, duration_s: float, t_start: float, width: int
+    socket_path: str,
+    model: str,
+    clients: int,
+    duration_s: float,
+    t_start: float,
+    width: int,
+    rows: int = 1,
 ) -> tuple[list[tuple[float, float, int]], int, int]:
     from hotreload.client import AsyncClient
 
     samples: list[tuple[float, float, int]] = []
     failures = 0
     sent = 0
-    x = np.zeros((1, width), dtype=np.float32)
+    x = np.zeros((rows, width), dtype=np.float32)
     # Start at a shared wall-clock instant so several processes measure the same window.
     await asyncio.sleep(max(0.0, t_start - time.time()))
     end = time.perf_counter() + duration_s
@@ -112,6 +118,7 @@ def drive(
     *,
     procs: int = 1,
     width: int = 64,
+    rows: int = 1,
     label: str = "",
 ) -> LoadResult:
     """`clients` closed-loop clients spread over `procs` processes for `duration_s`."""
@@ -122,7 +129,8 @@ def drive(
         share = clients // procs + (1 if i < clients % procs else 0)
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(
-            target=_proc_main, args=((socket_path, model, share, duration_s, t_start, width), child)
+            target=_proc_main,
+            args=((socket_path, model, share, duration_s, t_start, width, rows), child),
         )
         p.start()
         pipes.append(parent)

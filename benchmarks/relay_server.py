@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hotreload.protocol.frame_protocol import FrameProtocol
-from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
+from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 
 MAX = 1 << 26
 
@@ -45,7 +45,7 @@ def backend(fd: int) -> None:
             header = {"id": h["id"], "ok": True, "version": 1, "form": "single"}
             header["tensors"] = [dict(t, name="output") for t in h.get("tensors", [])]
             with send_lock:
-                sock.sendmsg(pack_frame(header, [frame.payload]))
+                send_frame(sock, pack_frame(header, [frame.payload]))
 
     threading.Thread(target=serve, daemon=True).start()
     reader = SocketFrameReader(sock, MAX)

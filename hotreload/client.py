@@ -27,6 +27,7 @@ from hotreload.protocol.framing import (
     pack_frame,
     read_frame,
     read_frame_sync,
+    send_frame,
 )
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
@@ -153,7 +154,7 @@ class Client:
         header["id"] = next(self._ids)
         sock = self._conn()
         try:
-            sock.sendmsg(pack_frame(header, blobs or []))
+            send_frame(sock, pack_frame(header, blobs or []))
             frame = read_frame_sync(sock, self.max_frame_bytes)
         except TimeoutError:
             self._drop_conn()
@@ -173,7 +174,10 @@ class Client:
         self, model: str | None, inputs: Any, *, timeout_s: float | None = None
     ) -> InferResult:
         """Run `inputs` through `model`; returns (output, version, model)."""
-        header, blobs = build_infer_header(model, inputs, timeout_s)
+        # The server gets the client's own deadline: once this client gives up, the request
+        # is dropped rather than computed for nobody.
+        wait = timeout_s if timeout_s is not None else self.timeout_s
+        header, blobs = build_infer_header(model, inputs, wait)
         return decode_result(self.call(header, blobs))
 
     def status(self) -> dict[str, Any]:

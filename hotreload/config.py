@@ -73,6 +73,13 @@ class Deadlines:
     #: How long a stopping worker may take to exit before it is killed.
     stop_s: float = 10.0
 
+    @property
+    def drain_wait_s(self) -> float:
+        """How long a drain waits for in-flight requests: drain_s, but never less than
+        forward_s. A forward up to forward_s long is legitimate (a big batch), so a drain
+        that gave up sooner would kill a healthy worker as hung and fail its requests."""
+        return max(self.drain_s, self.forward_s)
+
 
 @dataclass(frozen=True)
 class Threads:

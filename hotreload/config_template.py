@@ -54,7 +54,7 @@ strategy = "inplace"                 # "inplace" (re-import in the same worker) 
 # PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
 
 [models.deadlines]                   # seconds; past one the phase fails (old version serves)
-# drain_s = 10.0
+# drain_s = 10.0                     # waits at least forward_s (a long forward is not hung)
 # sync_s = 5.0
 # load_s = 120.0
 # warm_s = 60.0

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from hotreload.protocol import (
     read_frame_sync,
     unpack_body,
 )
+from hotreload.protocol.framing import SocketFrameReader, send_frame
 
 
 def test_frame_round_trip_over_a_socket() -> None:
@@ -175,3 +177,47 @@ def test_frame_protocol_hands_frames_over_and_reports_a_broken_stream() -> None:
 async def _until(predicate) -> None:  # type: ignore[no-untyped-def]
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+def test_socket_reader_lands_every_payload_on_a_64_byte_boundary() -> None:
+    # Frames with 64 header lengths in one burst: the buffered ones and the last alike.
+    a, b = socket.socketpair()
+    with a, b:
+        x = np.arange(16, dtype=np.float32)
+        metas, blobs = encode_tensors({"x": x})
+        for pad in range(64):
+            a.sendmsg(pack_frame({"op": "infer", "pad": "p" * pad, "tensors": metas}, blobs))
+        reader = SocketFrameReader(b, 1 << 20)
+        for pad in range(64):
+            frame = reader.read()
+            assert frame.header["pad"] == "p" * pad
+            assert np.frombuffer(frame.payload, np.uint8).ctypes.data % 64 == 0
+            assert decode_tensors(frame.header["tensors"], frame.payload)["x"].tolist() == (
+                x.tolist()
+            )
+
+
+def test_large_frames_go_whole_through_a_socket_with_a_timeout() -> None:
+    # A socket with a timeout sends only part of a big frame per sendmsg; nothing may be lost.
+    a, b = socket.socketpair()
+    a.settimeout(30)
+    big = np.random.default_rng(0).integers(0, 255, 12 * 1024 * 1024, dtype=np.uint8)
+    metas, blobs = encode_tensors({"x": big})
+    got: list = []
+
+    def read() -> None:
+        reader = SocketFrameReader(b, 64 << 20, chunk=4096)
+        got.append(reader.read())
+        got.append(reader.read())
+
+    with a, b:
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        send_frame(a, pack_frame({"op": "infer", "tensors": metas}, blobs))
+        send_frame(a, pack_frame({"op": "ping"}))
+        thread.join(30)
+        assert not thread.is_alive()
+    payload = got[0].payload
+    assert np.frombuffer(payload, np.uint8).ctypes.data % 64 == 0
+    assert np.array_equal(decode_tensors(got[0].header["tensors"], payload)["x"], big)
+    assert got[1].header == {"op": "ping"}

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from hotreload.protocol import encode_tensors
+from hotreload.protocol.framing import aligned_buffer
 from hotreload.protocol.tensors import WIRE_DTYPES
-from hotreload.worker.server import request_tensors
+from hotreload.worker.inputs import request_tensors
 
 
 @pytest.mark.parametrize("dtype", sorted(WIRE_DTYPES))
@@ -22,9 +23,10 @@ def test_request_tensors_match_what_the_client_sent(dtype: str) -> None:
     assert out["empty"].shape == (0, 2)
 
 
-def test_writable_bytes_are_shared_and_read_only_bytes_are_copied() -> None:
+def test_aligned_writable_bytes_are_shared_and_the_rest_are_copied_aligned() -> None:
     metas, blobs = encode_tensors({"x": np.ones(4, np.float32)})
-    writable = memoryview(bytearray(bytes(blobs[0])))
+    writable = aligned_buffer(16)
+    writable[:] = bytes(blobs[0])
     t = request_tensors(metas, writable)  # type: ignore[arg-type]
     t["x"][0] = 7.0
     assert np.frombuffer(writable, np.float32)[0] == 7.0  # no copy was made
@@ -32,6 +34,22 @@ def test_writable_bytes_are_shared_and_read_only_bytes_are_copied() -> None:
     t = request_tensors(metas, read_only)  # type: ignore[arg-type]  (no warning: a copy)
     t["x"][0] = 7.0
     assert np.frombuffer(read_only, np.float32)[0] == 1.0
+    assert t["x"].data_ptr() % 64 == 0
+    # Writable but 16 bytes past a boundary (element-aligned, not 64-byte aligned): copied.
+    off = aligned_buffer(32)[16:]
+    off[:] = bytes(blobs[0])
+    t = request_tensors(metas, off)  # type: ignore[arg-type]
+    assert t["x"].data_ptr() % 64 == 0 and t["x"].tolist() == [1.0] * 4
+
+
+def test_every_input_starts_on_a_64_byte_boundary_whatever_the_offsets() -> None:
+    # A second input follows the first one's bytes: 3 float32 values leave it 12 bytes in.
+    metas, blobs = encode_tensors({"a": np.ones(3, np.float32), "b": np.arange(5.0)})
+    body = aligned_buffer(sum(len(b) for b in blobs))
+    body[:] = b"".join(bytes(b) for b in blobs)
+    out = request_tensors(metas, body)  # type: ignore[arg-type]
+    assert all(t.data_ptr() % 64 == 0 for t in out.values())
+    assert out["b"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
 def test_a_payload_of_the_wrong_length_is_refused() -> None:
@@ -46,5 +64,5 @@ def test_a_payload_at_an_odd_address_gives_aligned_tensors() -> None:
     metas, blobs = encode_tensors({"x": x})
     body = bytearray(b"\x00" * 3 + bytes(blobs[0]))
     out = request_tensors(metas, memoryview(body)[3:])  # type: ignore[arg-type]
-    assert out["x"].data_ptr() % out["x"].element_size() == 0
+    assert out["x"].data_ptr() % 64 == 0
     assert out["x"].tolist() == x.tolist()

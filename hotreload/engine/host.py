@@ -385,7 +385,7 @@ class ModelHost:
     async def unload(self) -> None:
         """Stop serving this model (repository API `unload`); a reload brings it back."""
         self.router.close_gate()
-        await self.router.drain(self.model.deadlines.drain_s)
+        await self.router.drain(self.model.deadlines.drain_wait_s)
         self.router.fail_queued(WorkerUnavailableError(f"model {self.name!r} was unloaded"))
         self.router.unavailable_reason = f"model {self.name!r} is unloaded; load it to serve again"
         worker, self.worker = self.worker, None

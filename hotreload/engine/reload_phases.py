@@ -186,11 +186,11 @@ class ReloadPhases:
 
         async def drain() -> dict[str, Any]:
             n = host.router.inflight
-            if not await host.router.drain(d.drain_s):
+            if not await host.router.drain(d.drain_wait_s):
                 raise Wedged(
                     "drain",
-                    f"{host.router.inflight} request(s) still running after the {d.drain_s:g} s "
-                    "drain deadline: a forward is hung",
+                    f"{host.router.inflight} request(s) still running after the "
+                    f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
                 )
             return {"detail": f"{n} in flight, {host.router.depth} waiting in the queue"}
 
@@ -260,14 +260,14 @@ class ReloadPhases:
                 reply.update(
                     await asyncio.wait_for(
                         worker.request("swap", None, inband=True, sync_deadline_s=d.sync_s),
-                        d.drain_s + d.sync_s,
+                        d.drain_wait_s + d.sync_s,
                     )
                 )
             except TimeoutError:
                 raise Wedged(
                     "drain",
-                    f"requests sent before the swap still running after the {d.drain_s:g} s "
-                    "drain deadline: a forward is hung",
+                    "requests sent before the swap still running after the "
+                    f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
                 ) from None
             except WorkerReplyError as exc:
                 if exc.code == "streams_busy":

@@ -290,11 +290,11 @@ class RespawnPhases(ReloadPhases):
 
         async def drain() -> dict[str, Any]:
             n = host.router.draining
-            if not await host.router.drain_previous(d.drain_s):
+            if not await host.router.drain_previous(d.drain_wait_s):
                 raise Wedged(
                     "drain",
                     f"{host.router.draining} request(s) still running on the old worker after "
-                    f"the {d.drain_s:g} s drain deadline: a forward is hung",
+                    f"the {d.drain_wait_s:g} s drain deadline: a forward is hung",
                 )
             return {"detail": f"{n} request(s) finished on the old worker"}
 

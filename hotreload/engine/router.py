@@ -243,7 +243,9 @@ class ModelRouter:
             self._idle.clear()
             blobs = [req.payload] if req.metas else []
             on_reply = functools.partial(self._on_reply, req)
-            header = {"op": "infer", "tensors": req.metas}
+            # The deadline travels (one monotonic clock for all processes on the machine):
+            # the worker skips a request whose client has given up instead of computing it.
+            header = {"op": "infer", "tensors": req.metas, "deadline": req.deadline}
             if not worker.send_with_callback(header, blobs, on_reply):
                 on_reply(None, WorkerDied(worker.exit_reason or "worker is not running"))
                 return
@@ -271,6 +273,10 @@ class ModelRouter:
                 if err.get("code") == "worker_unavailable":
                     self.counters.fail("unavailable")
                     req.finish(None, WorkerUnavailableError(message))
+                elif err.get("code") == "timeout":
+                    # The worker's clock passed the deadline a moment before our timer.
+                    self.counters.timed_out += 1
+                    req.finish(None, RequestTimeoutError(message))
                 else:
                     self.counters.fail("model_error")
                     req.finish(None, ModelError(message, err.get("traceback")))

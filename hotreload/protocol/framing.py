@@ -42,7 +42,7 @@ def pack_frame(
     return [prefix + head, *blobs]
 
 
-def unpack_body(body: bytes | bytearray) -> Frame:
+def unpack_body(body: bytes | bytearray | memoryview) -> Frame:
     """Split a frame body into header and payload; raises ProtocolError on anything odd."""
     if len(body) < 4:
         raise ProtocolError(f"frame body of {len(body)} bytes is shorter than its 4-byte header")
@@ -52,7 +52,7 @@ def unpack_body(body: bytes | bytearray) -> Frame:
             f"header length {head_len} does not fit in a frame body of {len(body)} bytes"
         )
     try:
-        header = json.loads(body[4 : 4 + head_len])
+        header = json.loads(bytes(body[4 : 4 + head_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -106,9 +106,48 @@ def read_frame_sync(sock: socket.socket, max_bytes: int) -> Frame:
     return unpack_body(_recv_exactly(sock, length))
 
 
+#: Every payload a reader hands out starts on this boundary. oneDNN/MKL kernels take another
+#: code path, with other rounding, for data that is not 64-byte aligned: the same input at
+#: two addresses gave two answers one float32 step apart (AVX-512 machines).
+PAYLOAD_ALIGN = 64
+
+
+def aligned_buffer(size: int, offset: int = 0) -> memoryview:
+    """A writable buffer of `size` bytes whose byte at `offset` sits on a PAYLOAD_ALIGN
+    boundary (numpy-owned: the view keeps its memory alive)."""
+    import numpy as np
+
+    raw = np.empty(size + PAYLOAD_ALIGN, np.uint8)
+    shift = (-(raw.ctypes.data + offset)) % PAYLOAD_ALIGN
+    return memoryview(raw[shift : shift + size])
+
+
+#: Pieces per sendmsg call: the kernel refuses more than IOV_MAX (1024) buffers at once.
+_MAX_IOV = 512
+
+
+def send_frame(sock: socket.socket, pieces: Sequence[bytes | memoryview]) -> None:
+    """Write every byte of a frame with `sendmsg`, going on after a partial send (a socket
+    with a timeout, or a frame larger than the socket buffer, sends only part of it).
+    Big blobs are never joined: the rest of a cut piece is a view."""
+    views = [memoryview(p).cast("B") if not isinstance(p, bytes) else p for p in pieces]
+    views = [v for v in views if len(v)]
+    while views:
+        sent = sock.sendmsg(views[:_MAX_IOV])
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = memoryview(views[0])[sent:]
+
+
 class SocketFrameReader:
     """Buffered blocking frame reader: one `recv` brings in every frame that has arrived, so
-    a busy worker makes one system call per burst of requests instead of two per frame."""
+    a busy worker makes one system call per burst of requests instead of two per frame.
+
+    Each frame's body gets a buffer of its own, laid out so that the payload starts on a
+    PAYLOAD_ALIGN boundary whatever the header's length: one input, one answer. The part
+    of a large frame not yet buffered is received straight into it (one copy, not two)."""
 
     def __init__(self, sock: socket.socket, max_bytes: int, chunk: int = 256 * 1024) -> None:
         self.sock = sock
@@ -129,13 +168,23 @@ class SocketFrameReader:
             self._buf += data
 
     def read(self) -> Frame:
-        self._fill(4)
-        (length,) = _U32.unpack_from(self._buf, self._pos)
+        # A frame is at least 8 bytes: its length, then the header length inside the body.
+        self._fill(8)
+        length, head_len = _TWO_U32.unpack_from(self._buf, self._pos)
         _check_length(length, self.max_bytes)
-        self._fill(4 + length)
         start = self._pos + 4
-        # A bytearray of its own: the payload view is writable, so the worker can hand it to
-        # torch.frombuffer without another copy.
-        body = self._buf[start : start + length]
-        self._pos = start + length
+        body = aligned_buffer(length, min(4 + head_len, length))
+        have = min(len(self._buf) - start, length)
+        with memoryview(self._buf) as buffered:  # released at once: _buf may be resized
+            body[:have] = buffered[start : start + have]
+        self._pos = start + have
+        while have < length:
+            k = self.sock.recv_into(body[have:], length - have)
+            if k == 0:
+                raise ConnectionError(f"connection closed after {have} of {length} bytes")
+            have += k
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        # Writable and aligned: the worker hands the payload to torch.frombuffer as it is.
         return unpack_body(body)

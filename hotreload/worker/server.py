@@ -7,14 +7,12 @@ Roboflow's shared step pool showed). Replies from every thread go through one lo
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +21,15 @@ import psutil
 import torch
 
 from hotreload import runtime
-from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame
-from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
+from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
+from hotreload.protocol.tensors import encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.fresh_source import compile_from_source
+from hotreload.worker.inputs import request_tensors
 from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
 from hotreload.worker.placement import BuildPlacement
+from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
 
 _STOP = object()
 
@@ -48,6 +48,8 @@ class Worker:
         self.load_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.served = 0
         self.failed = 0
+        #: Requests whose deadline passed before their turn: answered, never computed.
+        self.skipped = 0
         self.busy_since: float | None = None
         #: Seconds the serving thread has spent on requests (build pacing looks at it).
         self.busy_total = 0.0
@@ -62,15 +64,14 @@ class Worker:
         pieces = pack_frame(header, blobs or [])
         with self.send_lock:
             try:
-                self.sock.sendmsg(pieces)
+                send_frame(self.sock, pieces)
             except OSError:
                 # The manager is gone; the reader loop will see EOF and exit.
                 self.running = False
 
     def reply_error(self, rid: Any, exc: BaseException, code: str = "model_error") -> None:
         tb = None if isinstance(exc, LoadError) else user_traceback(exc)
-        error = {"code": code, "message": _msg(exc), "traceback": tb, "type": type(exc).__name__}
-        self.send({"id": rid, "ok": False, "error": error})
+        self.send(error_header(rid, code, message_of(exc), traceback=tb, type=type(exc).__name__))
 
     def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
         if name == "serve":
@@ -107,13 +108,15 @@ class Worker:
         h = frame.header
         mv = self.current
         if mv is None:
-            self.send(
-                {
-                    "id": h["id"],
-                    "ok": False,
-                    "error": {"code": "worker_unavailable", "message": "no version is loaded yet"},
-                }
-            )
+            self.send(error_header(h["id"], "worker_unavailable", "no version is loaded yet"))
+            return
+        deadline = h.get("deadline")
+        if deadline is not None and time.monotonic() > deadline:
+            # Its client has been answered "timed out" already: computing it would only hold
+            # up the requests behind it (a reload's drain among them).
+            self.skipped += 1
+            message = "request timed out while it waited in the worker; not computed"
+            self.send(error_header(h["id"], "timeout", message))
             return
         self.busy_since = time.monotonic()
         try:
@@ -271,18 +274,9 @@ class Worker:
             # still hold work. Poll them to the deadline before the new version serves.
             sync = self._sync_version(self.current, float(h.get("sync_deadline_s", 5.0)))
             if not sync.get("skipped") and not sync.get("idle"):
-                self.send(
-                    {
-                        "id": h["id"],
-                        "ok": False,
-                        "error": {
-                            "code": "streams_busy",
-                            "message": "stream(s) still busy after the sync deadline: "
-                            + ", ".join(sync["busy"]),
-                            "sync": sync,
-                        },
-                    }
-                )
+                busy = ", ".join(sync["busy"])
+                message = f"stream(s) still busy after the sync deadline: {busy}"
+                self.send(error_header(h["id"], "streams_busy", message, sync=sync))
                 return
         if self.current is not None:
             # Under the resource policy the old version was offloaded to `retired` already.
@@ -329,7 +323,7 @@ class Worker:
         if self.device.type == "cpu":
             # After the reply: the reload need not wait. An idle standby should not sit on
             # the old model's memory.
-            _return_free_heap()
+            return_free_heap()
 
     def op_offload(self, frame: Frame) -> None:
         mv = self._target("current")
@@ -383,6 +377,7 @@ class Worker:
             "rss_bytes": mem.rss,
             "served": self.served,
             "failed": self.failed,
+            "skipped": self.skipped,
             "busy_for_s": None if self.busy_since is None else time.monotonic() - self.busy_since,
             "torch": torch.__version__,
             "threads": {
@@ -461,88 +456,11 @@ class Worker:
                 q, fn = routes[op]
                 q.put((fn, frame))
             else:
-                self.send(
-                    {
-                        "id": frame.header.get("id"),
-                        "ok": False,
-                        "error": {"code": "bad_request", "message": f"unknown op {op!r}"},
-                    }
-                )
+                rid = frame.header.get("id")
+                self.send(error_header(rid, "bad_request", f"unknown op {op!r}"))
         for q in queues.values():
             q.put(_STOP)
         return 0
-
-
-#: Wire dtype name -> torch dtype (the wire is little-endian, as every host torch runs on).
-TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
-
-
-def request_tensors(
-    metas: list[dict[str, Any]], payload: memoryview | bytes
-) -> dict[str, torch.Tensor]:
-    """Tensors over the request's own bytes (no copy) from header entries the router already
-    validated against the payload; a copy only where the bytes are read-only."""
-    if sys.byteorder != "little":
-        arrays = decode_tensors(metas, payload, writable=True)
-        return {k: torch.from_numpy(v) for k, v in arrays.items()}
-    view = payload if isinstance(payload, memoryview) else memoryview(payload)
-    if view.readonly:
-        view = memoryview(bytearray(view))
-    if sum(m["nbytes"] for m in metas) != len(view):
-        raise ValueError("payload length does not match the tensors in the header")
-    out: dict[str, torch.Tensor] = {}
-    offset = 0
-    for m in metas:
-        n, dtype = m["nbytes"], TORCH_DTYPES[m["dtype"]]
-        if n:
-            t = torch.frombuffer(view[offset : offset + n], dtype=dtype).reshape(m["shape"])
-            if t.data_ptr() % t.element_size():
-                # The payload follows a JSON header of any length: a typed view at an odd
-                # address is undefined behaviour for ATen's loads. An aligned copy instead.
-                t = t.clone()
-        else:
-            t = torch.empty(m["shape"], dtype=dtype)
-        out[m["name"]] = t
-        offset += n
-    return out
-
-
-_INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<frozen importlib")
-
-
-def user_traceback(exc: BaseException) -> str:
-    """The traceback without hotreload's and importlib's own frames: the user's code first."""
-    te = traceback.TracebackException.from_exception(exc)
-    # A SyntaxError in the user's file has no user frame at all: its own lines show where.
-    te.stack = traceback.StackSummary.from_list(
-        [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
-    )
-    return "".join(te.format())
-
-
-def _return_free_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them for reuse otherwise)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim from the symbols already loaded, or None (not glibc). Looked up
-    once: `ctypes.util.find_library` runs `ldconfig` in a subprocess on every call."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def _msg(exc: BaseException) -> str:
-    if isinstance(exc, LoadError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
 
 
 def run_worker(spec: dict[str, Any], fd: int) -> int:
@@ -555,8 +473,7 @@ def run_worker(spec: dict[str, Any], fd: int) -> int:
     try:
         worker = Worker(spec, sock)
     except LoadError as exc:
-        header = {"id": 0, "ok": False, "error": {"code": "model_error", "message": str(exc)}}
-        sock.sendmsg(pack_frame(header))
+        send_frame(sock, pack_frame(error_header(0, "model_error", str(exc))))
         return 1
     code = worker.run()
     sys.stdout.flush()

@@ -1,0 +1,53 @@
+"""What the worker says about failures: error replies, the user's traceback, and handing
+freed heap back to the OS after a version is dropped."""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from typing import Any
+
+from hotreload.worker.loader import LoadError
+
+_INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<frozen importlib")
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback without hotreload's and importlib's own frames: the user's code first."""
+    te = traceback.TracebackException.from_exception(exc)
+    # A SyntaxError in the user's file has no user frame at all: its own lines show where.
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
+    )
+    return "".join(te.format())
+
+
+def return_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them for reuse otherwise)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim from the symbols already loaded, or None (not glibc). Looked up
+    once: `ctypes.util.find_library` runs `ldconfig` in a subprocess on every call."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def message_of(exc: BaseException) -> str:
+    if isinstance(exc, LoadError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def error_header(rid: Any, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A failed reply's header: `{"id", "ok": false, "error": {code, message, ...}}`."""
+    return {"id": rid, "ok": False, "error": {"code": code, "message": message, **extra}}
