@@ -26,7 +26,8 @@ from hotreload.engine.stats import percentile
 from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from hotreload.paths import ensure_state_dir
+from hotreload.paths import ensure_state_dir, write_private_file
+from hotreload.preflight import preflight
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
 from hotreload.protocol.text import BYTES
 
@@ -344,7 +345,7 @@ class ModelCheck:
         data[self.model.name] = {"outputs": outputs, "checked_at": time.time()}
         try:
             ensure_state_dir(self.record_path.parent)
-            self.record_path.write_text(json.dumps(data, indent=2) + "\n")
+            write_private_file(self.record_path, json.dumps(data, indent=2) + "\n")
         except OSError:
             pass  # a read-only checkout still gets its verdict
 
@@ -446,6 +447,7 @@ def check_main(
     try:
         config = load_config(config_path)
         models = [config.model(model)] if model else list(config.models)
+        preflight(config, models)
     except ConfigError as exc:
         print(f"hotreload check: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -459,7 +461,8 @@ def check_main(
     try:
         reports = asyncio.run(_check(config, models, n, budget))
     except ConfigError as exc:  # checked against this machine at start (`cpus`)
-        print(f"hotreload check: config error: {exc}", file=sys.stderr)
+        where = "" if exc.path else f"{config.path}: "
+        print(f"hotreload check: config error: {where}{exc}", file=sys.stderr)
         return EXIT_USAGE
     except HotreloadError as exc:
         print(f"hotreload check: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ else:  # pragma: no cover - the project requires 3.11, kept for forks on 3.10
     import tomli as tomllib
 
 from hotreload.config_shapes import parse_shapes
-from hotreload.errors import ConfigError
+from hotreload.errors import ConfigError, did_you_mean
 
 CONFIG_FILENAME = "hotreload.toml"
 PYPROJECT = "pyproject.toml"
@@ -169,6 +169,12 @@ class HttpConfig:
     port: int = 8000
     #: A second listener serving only /metrics (Triton serves it on 8002).
     metrics_port: int | None = None
+    #: Seconds a request body may take to arrive in full (then 408, and the connection closes).
+    body_timeout_s: float = 60.0
+    #: Seconds an idle keep-alive connection stays open.
+    keepalive_timeout_s: float = 75.0
+    #: Largest body after gzip/deflate inflation, in MiB (None: max_frame_mib).
+    max_inflated_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -303,8 +309,7 @@ class _Checker:
         self.table: dict[str, Any] = table
         for name in table:
             if name not in known:
-                hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                suggestion = did_you_mean(name, list(known))
                 allowed = ", ".join(known)
                 self.fail(self.sub(name), f"unknown key{suggestion} (known keys here: {allowed})")
 
@@ -483,6 +488,11 @@ def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Con
             if "metrics_port" in h.table
             else None
         ),
+        body_timeout_s=h.number("body_timeout_s", 60.0, minimum=0.001),
+        keepalive_timeout_s=h.number("keepalive_timeout_s", 75.0, minimum=0.001),
+        max_inflated_mib=h.integer("max_inflated_mib", 0, minimum=1, maximum=4096)
+        if "max_inflated_mib" in h.table
+        else None,
     )
 
     return Config(

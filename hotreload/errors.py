@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+
+
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    """`; did you mean 'build'?` for the closest candidate, or "" when none is close."""
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
 
 class HotreloadError(Exception):
     """Base class of every error hotreload raises on purpose."""

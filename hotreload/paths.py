@@ -7,6 +7,7 @@ deep project folder would fail to bind.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -19,23 +20,46 @@ from hotreload.errors import HotreloadError
 MAX_SOCKET_PATH = 107
 
 
-def default_socket_dir() -> Path:
+def user_runtime_dir() -> Path:
+    """This user's own folder for sockets and lock files: `$XDG_RUNTIME_DIR/hotreload` when
+    that folder is ours (the login manager makes it 0700), else `hotreload-<uid>` in the
+    temp folder, which `ensure_private_dir` creates 0700 or refuses when another user made it
+    first."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir() and os.access(runtime, os.W_OK):
-        return Path(runtime) / "hotreload"
+    if runtime:
+        try:
+            st = os.stat(runtime)
+        except OSError:
+            st = None
+        if (
+            st is not None
+            and stat.S_ISDIR(st.st_mode)
+            and st.st_uid == os.getuid()
+            and os.access(runtime, os.W_OK)
+        ):
+            return Path(runtime) / "hotreload"
     return Path(tempfile.gettempdir()) / f"hotreload-{os.getuid()}"
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create `path` with mode 0700, or check an existing one belongs to us and is private."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+def default_socket_dir() -> Path:
+    return user_runtime_dir()
+
+
+def ensure_private_dir(path: Path, fix: str = "set socket_dir in the config") -> Path:
+    """Create `path` with mode 0700, or check an existing one belongs to us and is private.
+    `fix` says what to do when it belongs to someone else."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass  # checked below, a link (even a dangling one) included
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise HotreloadError(f"{path} is not a plain folder; remove it and try again")
-    if st.st_uid != os.getuid():
         raise HotreloadError(
-            f"{path} belongs to uid {st.st_uid}, not you; set socket_dir in the config"
+            f"{path} is not a plain folder (a symbolic link or a file); hotreload never "
+            "follows one there: remove it and try again"
         )
+    if st.st_uid != os.getuid():
+        raise HotreloadError(f"{path} belongs to uid {st.st_uid}, not you; {fix}")
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, 0o700)
     return path
@@ -55,18 +79,46 @@ def socket_path_for(config_path: Path, socket_dir: Path | None = None) -> Path:
 
 
 def ensure_state_dir(path: Path) -> Path:
-    """Create the project's state folder with a `.gitignore` of `*` inside (as pytest does
-    for .pytest_cache), so events, snapshots and check records never end up in a commit."""
-    path.mkdir(parents=True, exist_ok=True)
+    """Create the project's state folder, 0700 (tracebacks and code paths land there), with
+    a `.gitignore` of `*` inside (as pytest does for .pytest_cache), so events, snapshots
+    and check records never end up in a commit. A symbolic link there is refused."""
+    ensure_private_dir(path, "remove it, or set state_dir in the config to a folder of yours")
     marker = path / ".gitignore"
     if not marker.exists():
         try:
-            marker.write_text(
-                "# created by hotreload: nothing here belongs in version control\n*\n"
+            write_private_file(
+                marker, "# created by hotreload: nothing here belongs in version control\n*\n"
             )
-        except OSError:
+        except (OSError, HotreloadError):
             pass
     return path
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open for a file only this user may read (0600, tightened if it was wider); never
+    follows a symbolic link (one there is refused: it could point anywhere we may write)."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise HotreloadError(
+                f"{path} is a symbolic link; hotreload never writes through one: remove it"
+            ) from None
+        raise
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Replace `path`'s contents with `text`, as `open_private` opens it."""
+    fd = open_private(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def snapshot_root(config_path: Path) -> Path:

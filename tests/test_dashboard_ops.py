@@ -110,7 +110,7 @@ def test_pause_rewarm_and_reset_ops(project: Path, serve: ServeProcess.Factory) 
         watch.wait_for("watcher paused")
         assert client.call({"op": "pause", "paused": False}).header["paused"] is False
         watch.wait_for("watcher resumed")
-        with pytest.raises(BadRequestError, match="'paused': true or false"):
+        with pytest.raises(BadRequestError, match="'paused' must be true or false"):
             client.call({"op": "pause", "paused": "yes"})
 
         r = client.call({"op": "rewarm", "model": "mlp"}).header

@@ -11,10 +11,11 @@ give a production model server.
 
 The plan is made once per session. `auto` gives a model as many CPUs as its torch intra-op
 threads, taken from the highest-numbered free ones, and only while at least one CPU is left
-for the rest. A CPU is claimed with an advisory lock on a file in the folder of the
-machine-wide reload locks, held for the session's life (the kernel drops it when the process
-dies), so two sessions on one machine, of any user, never pin their serving workers to the
-same core.
+for the rest. A CPU is claimed with an advisory lock on a file in the folder of the reload
+locks (this user's own, 0700: engine/locks.py), held for the session's life (the kernel drops
+it when the process dies), so two sessions of one user never pin their serving workers to the
+same core. Another user can neither see nor hold these claims: in a shared folder anyone
+could have held them all.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _try_claim(folder: Path, cpu: int) -> int | None:
     try:
         fd = open_lock_file(folder, f"cpu{cpu}")
     except OSError:
-        return None  # another user's file we may not open, or no descriptors left: unclaimed
+        return None  # no descriptors left, say: unclaimed (a bad folder raises HotreloadError)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -146,18 +147,29 @@ def plan_cpus(
     return plan
 
 
+def cpus_problem(m: ModelConfig, available: frozenset[int]) -> str | None:
+    """Why an explicit `cpus` list cannot be honoured here (CPUs this process may not use),
+    or None. Checked before start-up (hotreload/preflight.py) and again when claiming."""
+    if not isinstance(m.cpus, tuple):
+        return None
+    missing = frozenset(m.cpus) - available
+    if not missing:
+        return None
+    return (
+        f"CPU {format_cpus(missing)} is not available to this process (it may use "
+        f'CPU {format_cpus(available)}); pick from those or set cpus = "auto"'
+    )
+
+
 def _claim_explicit(
     plan: CpuPlan, m: ModelConfig, available: frozenset[int], folder: Path, taken: set[int]
 ) -> None:
     assert isinstance(m.cpus, tuple)
     cpus = frozenset(m.cpus)
     key = f"models.{m.name}.cpus"
-    missing = cpus - available
-    if missing:
-        raise ConfigError(
-            f"{key}: CPU {format_cpus(missing)} is not available to this process (it may use "
-            f'CPU {format_cpus(available)}); pick from those or set cpus = "auto"'
-        )
+    problem = cpus_problem(m, available)
+    if problem:
+        raise ConfigError(f"{key}: {problem}")
     for other, theirs in plan.serving.items():
         if cpus & theirs:
             raise ConfigError(

@@ -2,7 +2,9 @@
 
 Each connection may pipeline requests; every reply carries the request's id. A malformed
 frame gets an error reply and the connection is closed (a length-prefixed stream cannot be
-resynchronised), while the worker and every other connection carry on.
+resynchronised), while the worker and every other connection carry on. A whole frame whose
+header fields have the wrong types (`protocol/header_fields.py`) gets a `bad_request` reply
+naming the field, and the connection stays open.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from hotreload.errors import BadRequestError, ClientError, HotreloadError, Proto
 from hotreload.paths import ensure_private_dir
 from hotreload.protocol.frame_protocol import FrameProtocol
 from hotreload.protocol.framing import Frame, pack_frame
+from hotreload.protocol.header_fields import header_problem, reply_id
 
 #: Sends a reply: (header, blobs) or an exception to report.
 Reply = Callable[[dict[str, Any] | None, list[Any] | BaseException], None]
@@ -110,12 +113,25 @@ class Endpoint:
         conn: FrameProtocol
 
         def on_frame(frame: Frame) -> None:
-            op = frame.header.get("op")
-            fast = self.fast_handlers.get(op)  # type: ignore[arg-type]
+            # Nothing may raise out of here: asyncio would drop the connection with no reply.
+            try:
+                dispatch(frame)
+            except Exception as exc:
+                conn.write(pack_frame(error_header(reply_id(frame.header), exc)))
+
+        def dispatch(frame: Frame) -> None:
+            problem = header_problem(frame.header)
+            if problem is not None:
+                # The frame itself was whole: answer it and keep the connection.
+                error = BadRequestError(problem)
+                conn.write(pack_frame(error_header(reply_id(frame.header), error)))
+                return
+            op = frame.header["op"]
+            fast = self.fast_handlers.get(op)
             if fast is not None:
                 self._handle_fast(fast, frame, conn)
                 return
-            stream = self.stream_handlers.get(op)  # type: ignore[arg-type]
+            stream = self.stream_handlers.get(op)
             if stream is not None:
                 stops.append(self._start_stream(stream, frame, conn))
                 return
@@ -184,8 +200,8 @@ class Endpoint:
 
     async def _handle(self, frame: Frame, conn: FrameProtocol) -> None:
         rid = frame.header.get("id")
-        op = frame.header.get("op")
-        handler = self.handlers.get(op) if isinstance(op, str) else None
+        op = frame.header["op"]
+        handler = self.handlers.get(op)
         try:
             if handler is None:
                 raise BadRequestError(

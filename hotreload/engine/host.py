@@ -450,6 +450,7 @@ class ModelHost:
 
     async def status(self, worker_max_age_s: float = 0.0) -> dict[str, Any]:
         ws = await self.worker_status(max_age_s=worker_max_age_s)
+        limit = self.worker.memory_limit() if self.worker else None
         return {
             "name": self.name,
             "state": self.state,
@@ -481,6 +482,8 @@ class ModelHost:
                 if k in ws
             },
             "standby": self._standby_status(),
+            # The cgroup memory limit the serving worker runs under (None: no limit).
+            "memory_limit_bytes": limit.limit_bytes if limit else None,
             # Where the serving worker runs, and everything else (None: not pinned).
             "cpus": None
             if self.cpus is None

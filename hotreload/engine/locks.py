@@ -1,6 +1,11 @@
 """One reload at a time per device: an asyncio lock inside the process, and an `fcntl`
-file lock shared by every hotreload process on the machine, so two sessions on one GPU never
+file lock shared by every hotreload process of this user, so two sessions on one GPU never
 reload at once (two loads racing for VRAM is how a reload runs a device out of memory).
+
+The lock files live in a folder only this user can enter (`user_runtime_dir()/locks`, 0700,
+files 0600): in a folder every user could write, another user could hold a lock (and stall
+every reload) or plant a symbolic link for us to open. Sessions of other users are not
+serialized with ours; the kernel's own limits keep them apart.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ import errno
 import fcntl
 import os
 import re
-import tempfile
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-#: Folder of the machine-wide lock files (tests point it elsewhere).
+from hotreload.errors import HotreloadError
+from hotreload.paths import ensure_private_dir, user_runtime_dir
+
+#: Folder of the lock files (tests point it at a folder of their run).
 LOCK_DIR_ENV = "HOTRELOAD_LOCK_DIR"
 
 
@@ -24,22 +32,42 @@ def default_lock_dir() -> Path:
     env = os.environ.get(LOCK_DIR_ENV)
     if env:
         return Path(env)
-    # Shared by all users (sticky like /tmp): a GPU is a machine-wide resource.
-    return Path(tempfile.gettempdir()) / "hotreload-locks"
+    return user_runtime_dir() / "locks"
+
+
+def ensure_lock_dir(folder: Path) -> Path:
+    """Create the lock folder 0700 (and the per-user folder it is in), or refuse one that is
+    a symbolic link or belongs to someone else, saying what to do."""
+    fix = f"remove it, or point {LOCK_DIR_ENV} at a folder of your own"
+    runtime = user_runtime_dir()
+    if folder.parent == runtime:
+        ensure_private_dir(runtime, fix)
+    return ensure_private_dir(folder, fix)
 
 
 def open_lock_file(folder: Path, key: str) -> int:
-    try:
-        folder.mkdir(mode=0o1777, parents=True, exist_ok=True)
-        if folder.stat().st_uid == os.getuid():
-            os.chmod(folder, 0o1777)
-    except OSError:
-        pass
+    """A descriptor on the lock file for `key` (created 0600). Never follows a symbolic link
+    and refuses a file that is not a plain one of ours."""
+    ensure_lock_dir(folder)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
     path = folder / f"{safe}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise HotreloadError(
+                f"{path} is a symbolic link; hotreload never follows one in its lock folder: "
+                "remove it"
+            ) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        raise HotreloadError(
+            f"{path} is not a plain file of yours (uid {st.st_uid}); remove it and try again"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, 0o600)
     return fd
 
 

@@ -106,6 +106,8 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"cpus: {e.get('detail')}"
     if kind == "cpus_failed":
         return f"{m}: warning: worker pid {e.get('pid')}: {e.get('detail')}"
+    if kind in ("events_file_error", "events_file_resumed"):
+        return ("warning: " if kind == "events_file_error" else "") + str(e.get("message"))
     if kind == "gpu_unavailable":
         return f"no GPU data: {e.get('reason')}"
     if kind == "gpu_reset":

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import psutil
 
 from hotreload.engine.host import ModelHost, VersionInfo
+from hotreload.engine.memory_limits import cgroup_memory
 from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.snapshots import code_paths
 from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
@@ -101,7 +102,7 @@ class ReloadPhases:
         if memory:
             free, where = int(memory["free_bytes"]), f"{host.worker.device if host.worker else ''}"
         else:
-            free, where = psutil.virtual_memory().available, "host RAM"
+            free, where = host_memory_free()
         margin = max(AUTO_MARGIN_BYTES, int(need * AUTO_MARGIN_RATIO))
         figures = f"{free / MIB:.0f} MiB free on {where}, last version used {need / MIB:.0f} MiB"
         if free >= need + margin:
@@ -349,3 +350,15 @@ def _paced(reply: dict[str, Any]) -> str:
     """How long a build step paused for the requests being served (build_pace), if at all."""
     paused = float(reply.get("paused_s") or 0.0)
     return f"; paused {paused * 1000:.0f} ms for requests being served" if paused else ""
+
+
+def host_memory_free() -> tuple[int, str]:
+    """Free host memory for a CPU model's next version, and where it was measured: the
+    host's available RAM, or what the session's cgroup limit leaves when that is less (a
+    container with 2 GiB on a 512 GiB host is out of memory at 2 GiB)."""
+    free, where = psutil.virtual_memory().available, "host RAM"
+    limit = cgroup_memory()
+    if limit is not None and limit.free_bytes < free:
+        free = limit.free_bytes
+        where = f"the cgroup memory limit ({limit.limit_bytes / MIB:.0f} MiB, {limit.where})"
+    return free, where

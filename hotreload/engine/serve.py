@@ -15,6 +15,7 @@ from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.session import Session
 from hotreload.errors import ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.preflight import preflight
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
@@ -46,8 +47,11 @@ async def run_until_signal(
         signalled.cancel()
         try:
             starting.result()
-        except BringUpError:
-            return EXIT_FAILURE  # the event printer already showed the error and traceback
+        except BringUpError as exc:
+            # The event printer already showed the error and traceback. A worker process
+            # that could not start (no such device, no CUDA build) is the environment's
+            # doing, as `hotreload check` says too; a model that failed to build is not.
+            return EXIT_ENVIRONMENT if exc.phase == "start" else EXIT_FAILURE
         print(banner(), flush=True)
         await stopping.wait()
         print("stopping: draining requests and stopping workers...", flush=True)
@@ -74,13 +78,15 @@ def run_with_config(
     an environment problem (socket in use, no permission) exits 3 with its message."""
     try:
         config = with_cli_overrides(load_config(config_path), **overrides)
+        preflight(config)  # before any start-up work: exits 2 at once, not after a worker
     except ConfigError as exc:
         print(f"hotreload: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return run(config)
     except ConfigError as exc:  # checked against this machine at start (`cpus`)
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
+        where = "" if exc.path else f"{config.path}: "
+        print(f"hotreload: config error: {where}{exc}", file=sys.stderr)
         return EXIT_USAGE
     except HotreloadError as exc:
         print(f"hotreload: {exc}", file=sys.stderr)

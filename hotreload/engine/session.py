@@ -21,7 +21,12 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.errors import BadRequestError
-from hotreload.paths import ensure_state_dir, snapshot_root, socket_path_for
+from hotreload.paths import (
+    ensure_state_dir,
+    snapshot_root,
+    socket_path_for,
+    write_private_file,
+)
 from hotreload.protocol.framing import Frame
 
 
@@ -212,7 +217,7 @@ class Session:
             "config": str(self.config.path),
             "started_at": self.started_at,
         }
-        self._session_file().write_text(json.dumps(data, indent=2) + "\n")
+        write_private_file(self._session_file(), json.dumps(data, indent=2) + "\n")
 
     def _remove_session_file(self) -> None:
         try:

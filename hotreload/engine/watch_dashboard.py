@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK
-from hotreload.paths import ensure_state_dir
+from hotreload.paths import ensure_state_dir, open_private
 
 if TYPE_CHECKING:
     from hotreload.engine.watch import WatchSession
@@ -100,7 +100,7 @@ async def watch_with_dashboard(ws: WatchSession) -> int:
     terminal = _terminal_state()
     child: asyncio.subprocess.Process | None = None
     try:
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        log_fd = open_private(log, os.O_WRONLY | os.O_TRUNC)
         try:
             child = await asyncio.create_subprocess_exec(
                 sys.executable,

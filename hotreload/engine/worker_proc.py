@@ -20,12 +20,27 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hotreload.config import Config, ModelConfig
+from hotreload.engine.memory_limits import (
+    CgroupMemory,
+    cgroup_memory,
+    cgroups_of,
+    describe_oom_kill,
+    oom_kills,
+    peak_rss_bytes,
+    rss_bytes,
+)
 from hotreload.errors import HotreloadError
 from hotreload.protocol.frame_protocol import FrameProtocol
 from hotreload.protocol.framing import Frame, pack_frame
 
 SPEC_ENV = "HOTRELOAD_WORKER_SPEC"
 FD_ENV = "HOTRELOAD_WORKER_FD"
+#: How often a worker's RSS and the machine's OOM-kill count are read, so a kill by the
+#: kernel's OOM killer can be told apart from another SIGKILL and its last RSS named.
+MEMORY_SAMPLE_S = 0.5
+#: After the channel closes, how long the exit status may take before pending requests
+#: fail without it (it comes within milliseconds when the process died).
+EXIT_AFTER_EOF_S = 0.5
 
 
 #: Receives (reply frame, None) or (None, the error) exactly once.
@@ -123,6 +138,13 @@ class WorkerProcess:
         #: False once the channel hit EOF: the exit status may still be a moment away, and a
         #: request sent meanwhile would be lost (and use up its one retry) for nothing.
         self._channel_open = True
+        #: Last sampled RSS and peak RSS (bytes), and the OOM-kill count seen while alive.
+        self.last_rss: int | None = None
+        self.peak_rss: int | None = None
+        self._oom_kills_alive: int | None = None
+        #: Its cgroups as last read (the limit that applied is looked up at its death).
+        self._cgroups: str | None = None
+        self._memory_task: asyncio.Task[None] | None = None
 
     async def start(self, timeout_s: float) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -166,6 +188,9 @@ class WorkerProcess:
             self._exit_task = asyncio.create_task(
                 self._watch_exit(), name=f"worker-exit-{self.pid}"
             )
+            self._memory_task = asyncio.create_task(
+                self._sample_memory(), name=f"worker-memory-{self.pid}"
+            )
             hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
         except TimeoutError:
             await self.kill()
@@ -177,11 +202,36 @@ class WorkerProcess:
             raise WorkerReplyError(hello.header.get("error", {}))
         self.device = hello.header.get("device")
 
+    async def _sample_memory(self) -> None:
+        assert self.pid is not None
+        while self.proc is not None and self.proc.returncode is None:
+            kills = oom_kills()  # before the liveness check: a count read while it lived
+            rss = rss_bytes(self.pid)
+            if rss:  # a zombie reads 0: its last figures stand
+                self.last_rss, self._oom_kills_alive = rss, kills
+                self.peak_rss = peak_rss_bytes(self.pid) or self.peak_rss
+                self._cgroups = cgroups_of(self.pid) or self._cgroups
+            await asyncio.sleep(MEMORY_SAMPLE_S)
+
+    def memory_limit(self) -> CgroupMemory | None:
+        """The cgroup memory limit the worker runs under, as last sampled (None: none)."""
+        return cgroup_memory(cgroups=self._cgroups) if self._cgroups else None
+
+    def _describe(self, code: int | None) -> str:
+        if code == -signal.SIGKILL and not self._stopping and self._oom_kills_alive is not None:
+            now = oom_kills()
+            if now is not None and now > self._oom_kills_alive:
+                return describe_oom_kill(self.last_rss, self.peak_rss, self.memory_limit())
+        return _describe_exit(code)
+
     async def _watch_exit(self) -> None:
         assert self.proc is not None
         code = await self.proc.wait()
-        if self.exit_reason is None:
-            self.exit_reason = _describe_exit(code)
+        if self._memory_task is not None:
+            self._memory_task.cancel()
+        if self.exit_reason is None or (code is not None and code < 0):
+            # A signal is the story; a reset channel was only how it showed.
+            self.exit_reason = self._describe(code)
         self._fail_pending()
         if not self.dead.is_set():
             self.dead.set()
@@ -211,13 +261,19 @@ class WorkerProcess:
         self._channel_open = False
         if self._hello is not None and not self._hello.done():
             self._hello.set_exception(WorkerDied(self.exit_reason or "worker exited at start"))
-        self._fail_pending()
         if self.proc is not None and self.proc.returncode is None and not self._stopping:
+            # Pending requests fail once the exit status says why (an OOM kill, say), which
+            # follows EOF within milliseconds; `_reap_after_eof` bounds the wait.
             self._eof_task = asyncio.ensure_future(self._reap_after_eof())
+        else:
+            self._fail_pending()
 
     async def _reap_after_eof(self) -> None:
         # EOF usually precedes the exit status by a moment; make sure it goes away.
         assert self.proc is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), EXIT_AFTER_EOF_S)
+        self._fail_pending()  # (done already by _watch_exit when the status came)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.proc.wait(), 2.0)
         if self.proc.returncode is None and not self._stopping:

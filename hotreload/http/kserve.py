@@ -23,6 +23,7 @@ import numpy as np
 
 from hotreload.engine.signature import dims_of
 from hotreload.errors import ProtocolError
+from hotreload.protocol.header_fields import json_type
 from hotreload.protocol.tensors import (
     BF16,
     MAX_RANK,
@@ -146,7 +147,7 @@ class InferRequest:
 
 def _obj(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InferRequestError(f"{what} must be a JSON object, got {type(value).__name__}")
+        raise InferRequestError(f"{what} must be a JSON object, got {json_type(value)}")
     return value
 
 
@@ -183,8 +184,7 @@ def _shape(value: Any, name: str) -> list[int]:
 def _datatype(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise InferRequestError(
-            f"input {name!r}: 'datatype' must be a string such as \"FP32\", got "
-            f"{type(value).__name__}"
+            f"input {name!r}: 'datatype' must be a string such as \"FP32\", got {json_type(value)}"
         )
     if value not in KSERVE_TO_WIRE:
         hint = "" if value in _KNOWN_KSERVE else " (datatypes are upper case, e.g. FP32)"
@@ -226,7 +226,9 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     head, binary = _split_body(body, header_length)
     try:
         doc = json.loads(bytes(head))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers a syntax error (JSONDecodeError), bad UTF-8 and an integer of
+        # more than 4300 digits; RecursionError, nesting deeper than the parser goes.
         where = f"the first {len(head)} bytes ({HEADER_LENGTH})" if header_length else "the body"
         raise InferRequestError(f"{where} is not valid JSON: {exc}") from None
     doc = _obj(doc, "the request")

@@ -35,6 +35,7 @@ from hotreload.errors import (
     RequestTimeoutError,
     WorkerUnavailableError,
 )
+from hotreload.http.body import BodyError, BodyLimits, read_body
 from hotreload.http.kserve import (
     HEADER_LENGTH,
     InferRequestError,
@@ -62,11 +63,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HttpError(Exception):
-    """Answered as `{"error": message}` with `status` (and any extra fields)."""
+    """Answered as `{"error": message}` with `status` (and any extra fields); `close`: the
+    connection closes after the answer (a body not read to its end cannot be skipped)."""
 
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
+    def __init__(self, status: int, message: str, *, close: bool = False, **extra: Any) -> None:
         self.status = status
         self.message = message
+        self.close = close
         self.extra = extra
         super().__init__(message)
 
@@ -103,7 +106,10 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except HttpError as exc:
-        return json_response({"error": exc.message, **exc.extra}, exc.status)
+        resp = json_response({"error": exc.message, **exc.extra}, exc.status)
+        if exc.close:
+            resp.force_close()
+        return resp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -125,10 +131,13 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
 class KServeApp:
     """Request handlers over one session."""
 
-    def __init__(self, session: Session, metrics: SessionMetrics, max_body_bytes: int) -> None:
+    def __init__(
+        self, session: Session, metrics: SessionMetrics, max_body_bytes: int, limits: BodyLimits
+    ) -> None:
         self.session = session
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.limits = limits
         self.stopping = False
         self._unsubscribe = session.events.subscribe(self._on_event)
 
@@ -181,13 +190,22 @@ class KServeApp:
             )
         return host
 
+    async def _read(self, request: web.Request, model: str | None = None) -> bytes:
+        try:
+            return await read_body(request, self.limits)
+        except BodyError as exc:
+            if model is not None:
+                self.metrics.count_bad_request(model)
+            where = f"model {model!r}: " if model else ""
+            raise HttpError(exc.status, where + exc.message, close=True) from None
+
     async def _json_body(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
+        raw = await self._read(request)
         if not raw.strip():
             return {}
         try:
             doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # see parse_infer_request
             raise HttpError(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise HttpError(400, "the body must be a JSON object")
@@ -249,7 +267,7 @@ class KServeApp:
                 f"the body has {length} bytes, over the {self.max_body_bytes} byte limit "
                 "(max_frame_mib in the config)",
             )
-        body = await request.read()
+        body = await self._read(request, host.name)
         router = host.router
         try:
             req = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
@@ -368,8 +386,9 @@ class KServeApp:
 class HttpEndpoint:
     """A running HTTP endpoint: `.port` (the bound one), `.url`, `await close()`."""
 
-    def __init__(self, app: KServeApp, host: str) -> None:
+    def __init__(self, app: KServeApp, host: str, keepalive_timeout_s: float = 75.0) -> None:
         self._app = app
+        self.keepalive_timeout_s = keepalive_timeout_s
         self._runners: list[web.AppRunner] = []
         self.host = host
         self.port = 0
@@ -384,7 +403,15 @@ class HttpEndpoint:
 
     async def listen(self, app: web.Application, port: int) -> int:
         """Serve `app` on host:port; returns the bound port."""
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            # An idle keep-alive connection closes after this (aiohttp's own is an hour).
+            keepalive_timeout=self.keepalive_timeout_s,
+            # Bodies are inflated by read_body, with a limit, off the loop (http/body.py).
+            auto_decompress=False,
+        )
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, self.host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
@@ -426,8 +453,13 @@ async def start_http(
 
     Call it before the models start, so readiness is observable during warm-up.
     """
-    kapp = KServeApp(session, SessionMetrics(session), session.config.max_frame_bytes)
-    endpoint = HttpEndpoint(kapp, host)
+    config = session.config
+    limits = BodyLimits(
+        timeout_s=config.http.body_timeout_s,
+        max_inflated_bytes=(config.http.max_inflated_mib or config.max_frame_mib) * 2**20,
+    )
+    kapp = KServeApp(session, SessionMetrics(session), config.max_frame_bytes, limits)
+    endpoint = HttpEndpoint(kapp, host, config.http.keepalive_timeout_s)
     endpoint.port = await endpoint.listen(kapp.build(), port)
     if metrics_port is not None:
         metrics_app = web.Application(middlewares=[_errors_as_json])

@@ -13,6 +13,7 @@ import asyncio
 import collections
 from collections.abc import Callable
 
+from hotreload.errors import ProtocolError
 from hotreload.protocol.framing import _U32, Frame, _check_length, unpack_body
 
 
@@ -73,12 +74,21 @@ class FrameParser:
                 body = bytes(view[self._pos : end])
             finally:
                 view.release()
-            frames.append(unpack_body(body))
+            frames.append(_unpack(body))
             self._pos = end
             self._need = None
         if self._pos > 65536 and self._pos * 2 > len(buf):
             del buf[: self._pos]  # drop consumed bytes before the buffer grows much
             self._pos = 0
+
+
+def _unpack(body: bytes) -> Frame:
+    try:
+        return unpack_body(body)
+    except (RecursionError, ValueError) as exc:
+        # What json.loads raises beyond a syntax error: nesting past the recursion limit,
+        # an integer of more than 4300 digits. Still a bad frame, not a bug.
+        raise ProtocolError(f"frame header cannot be read: {type(exc).__name__}: {exc}") from None
 
 
 class FrameProtocol(asyncio.Protocol):

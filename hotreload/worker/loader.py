@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hotreload import runtime
+from hotreload.errors import did_you_mean
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.pacing import no_pause
 from hotreload.worker.signatures import (
@@ -176,10 +177,24 @@ def resolve(entry: dict[str, Any], root: Path) -> Any:
         except AttributeError:
             raise LoadError(
                 f"{entry['spec']}: module {module.__name__!r} has no attribute {entry['attr']!r}"
+                + did_you_mean(part, _callables(target))
             ) from None
     if not callable(target):
         raise LoadError(f"{entry['spec']}: {entry['attr']!r} is not callable")
     return target
+
+
+def _callables(obj: Any) -> list[str]:
+    """Public callables of a module or class, the names an entry may point at."""
+    out = []
+    for name in dir(obj):
+        if not name.startswith("_"):
+            try:
+                if callable(getattr(obj, name)):
+                    out.append(name)
+            except Exception:
+                pass  # a property or module __getattr__ that raises: not a candidate
+    return out
 
 
 # ----------------------------------------------------------------------------- weights
