@@ -287,7 +287,7 @@ def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -
             t = Text(f"{start_error.get('model')} failed to start in ", "bold red")
             t.append(f"{start_error.get('phase') or 'start'}: {start_error.get('error')}")
             t.append("\nfix the file and save: the watcher tries again\n", "yellow")
-            t.append(str(start_error.get("traceback") or "").rstrip(), "dim")
+            t.append(user_traceback(str(start_error.get("traceback") or "")), "dim")
             return t
         return Text("no reload yet: edit a watched file, or press r", "dim")
     phases = " · ".join(f"{p} {s * 1000:.1f}" for p, s in o.phases.items())
@@ -303,6 +303,18 @@ def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -
     return t
 
 
+#: hotreload's installed package folder. Frames are hidden by this path, never by a folder
+#: name: a project cloned into a folder called `hotreload` keeps its own frames.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_hotreload_frame(filename: str) -> bool:
+    """Whether a traceback frame's file belongs to hotreload itself (or importlib)."""
+    if filename.startswith("<frozen importlib"):
+        return True
+    return os.path.isabs(filename) and os.path.normpath(filename).startswith(PACKAGE_DIR)
+
+
 def user_traceback(tb: str) -> str:
     """The traceback without hotreload's own frames: what is left points at the user's code."""
     lines = tb.rstrip().splitlines()
@@ -311,7 +323,7 @@ def user_traceback(tb: str) -> str:
     skipping = False
     for line in lines:
         if line.startswith('  File "'):
-            skipping = f"{os.sep}hotreload{os.sep}" in line.split('"')[1]
+            skipping = is_hotreload_frame(line.split('"')[1])
             hidden += skipping
         elif not line.startswith("    "):
             skipping = False

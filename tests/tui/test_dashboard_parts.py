@@ -27,9 +27,11 @@ def test_sparkline_keeps_a_spike_when_squeezed() -> None:
 
 
 def test_traceback_hides_hotreload_frames() -> None:
+    from hotreload.tui.render import PACKAGE_DIR
+
     tb = (
         "Traceback (most recent call last):\n"
-        '  File "/x/hotreload/worker/loader.py", line 288, in build_version\n'
+        f'  File "{PACKAGE_DIR}worker/loader.py", line 288, in build_version\n'
         "    factory = resolve(spec)\n"
         '  File "/p/model.py", line 44\n'
         "    def broken(:\n"
@@ -37,6 +39,24 @@ def test_traceback_hides_hotreload_frames() -> None:
     )
     out = user_traceback(tb)
     assert "loader.py" not in out and "/p/model.py" in out and "1 hotreload frame" in out
+
+
+def test_a_project_in_a_folder_named_hotreload_keeps_its_frames(tmp_path) -> None:
+    """The README's own clone is a folder named hotreload: its model's frames must show."""
+    import traceback
+
+    model = tmp_path / "hotreload" / "examples" / "mlp" / "model.py"
+    model.parent.mkdir(parents=True)
+    model.write_text("def forward(x):\n    return undefined_name + x\n")
+    namespace: dict = {}
+    exec(compile(model.read_text(), str(model), "exec"), namespace)
+    try:
+        namespace["forward"](1)
+    except NameError:
+        tb = traceback.format_exc()
+    out = user_traceback(tb)
+    assert f'File "{model}", line 2, in forward' in out
+    assert "return undefined_name + x" in out and "hidden" not in out
 
 
 def test_no_gpu_reset_target_says_why() -> None:
