@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hotreload.colour import paint, wants_colour
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import BringUpError
@@ -332,7 +333,9 @@ def _hint_for(phase: str | None) -> str:
 # ----------------------------------------------------------------------------- output
 
 
-def format_report(reports: list[ModelReport], total_s: float, cpu_note: str | None) -> str:
+def format_report(
+    reports: list[ModelReport], total_s: float, cpu_note: str | None, colour: bool = False
+) -> str:
     lines = []
     if cpu_note:
         lines.append(cpu_note)
@@ -340,7 +343,7 @@ def format_report(reports: list[ModelReport], total_s: float, cpu_note: str | No
         where = f" on {r.device}" if r.device else ""
         lines.append(f"{r.model}{where} ({r.policy}, {r.strategy})")
         for s in r.steps:
-            mark = "ok  " if s.ok else "FAIL"
+            mark = paint("ok  ", "green", colour) if s.ok else paint("FAIL", "bold red", colour)
             lines.append(f"  {mark} {s.name:<10} {s.seconds * 1000:8.0f} ms  {s.detail}")
             if not s.ok:
                 if s.hint:
@@ -348,7 +351,7 @@ def format_report(reports: list[ModelReport], total_s: float, cpu_note: str | No
                 if s.traceback:
                     lines.extend("       " + t for t in s.traceback.rstrip().splitlines()[-12:])
     passed = all(r.ok for r in reports)
-    verdict = "PASS" if passed else "FAIL"
+    verdict = paint("PASS", "green", colour) if passed else paint("FAIL", "bold red", colour)
     failed = [r.model for r in reports if not r.ok]
     tail = "" if passed else f": {', '.join(failed)}"
     lines.append(f"hotreload check: {verdict}{tail} ({total_s:.1f} s)")
@@ -434,7 +437,12 @@ def check_main(
     if devices and all(d == "cpu" for d in devices):
         why = 'set device = "cpu"' if len(cpu_models) == len(models) else "no CUDA device found"
         note = f"running on the CPU ({why}); GPU checks (device memory, streams) do not apply"
-    print(report_json(reports, total, note) if as_json else format_report(reports, total, note))
+    text = (
+        report_json(reports, total, note)
+        if as_json
+        else format_report(reports, total, note, colour=wants_colour(sys.stdout))
+    )
+    print(text)
     if any(r.environment_error for r in reports):
         return EXIT_ENVIRONMENT
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILURE

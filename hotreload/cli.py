@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hotreload",
         description="Serve PyTorch models in worker processes and reload them safely on edit.",
     )
+    from hotreload import __version__
+
+    parser.add_argument("--version", action="version", version=f"hotreload {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("init", help="write a commented starter hotreload.toml")
@@ -103,7 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
     from hotreload.gpu import cli as gpu_cli
 
     gpu_cli.register(sub)
+
+    p = sub.add_parser(
+        "completion",
+        help="print a bash or zsh completion script",
+        description="bash: `source <(hotreload completion bash)` (e.g. in ~/.bashrc). "
+        "zsh: `hotreload completion zsh > ~/.zfunc/_hotreload` with ~/.zfunc on $fpath, "
+        "or `source <(hotreload completion zsh)` after compinit.",
+    )
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    p.set_defaults(func=lambda args: _cmd_completion(parser, args))
     return parser
+
+
+def _cmd_completion(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from hotreload.completion import completion_main
+
+    return completion_main(parser, args.shell)
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
