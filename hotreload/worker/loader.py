@@ -11,6 +11,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -164,10 +165,19 @@ def resolve(entry: dict[str, Any], root: Path) -> Any:
         except AttributeError:
             raise LoadError(
                 f"{entry['spec']}: module {module.__name__!r} has no attribute {entry['attr']!r}"
+                + _did_you_mean(part, target)
             ) from None
     if not callable(target):
         raise LoadError(f"{entry['spec']}: {entry['attr']!r} is not callable")
     return target
+
+
+def _did_you_mean(name: str, owner: Any) -> str:
+    """`; did you mean 'build'?` for the closest public name of `owner`, or ''."""
+    import difflib  # only the module's names can tell: not a check the config can make
+
+    close = difflib.get_close_matches(name, [n for n in dir(owner) if n[:1] != "_"], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 # ----------------------------------------------------------------------------- weights
@@ -195,6 +205,12 @@ def load_weights(model: Any, files: Sequence[str], device: torch.device) -> None
             else:
                 # weights_only: a checkpoint must never be able to run code on load.
                 part = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # torch's advice (allow-list globals, weights_only=False) cannot apply here.
+            raise LoadError(
+                f"weights file {path} holds a pickled object, not a state dict: save "
+                "`model.state_dict()` instead (torch.save(model.state_dict(), path))"
+            ) from None
         except Exception as exc:
             raise LoadError(f"cannot read weights file {path}: {exc}") from exc
         if isinstance(part, dict) and "state_dict" in part and isinstance(part["state_dict"], dict):
