@@ -24,6 +24,7 @@ EVENT_STYLES = {
     "snapshot_rewritten": "yellow",
     "cpus_failed": "yellow",
     "watch_paused": "yellow",
+    "watch_waiting": "yellow",
     "reload_skipped": "dim",
 }
 
@@ -106,8 +107,14 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"watcher: {e.get('error')}"
     if kind == "watch_paused":
         return "watcher paused: edits are not reloaded until it resumes"
+    if kind == "watch_waiting":
+        n = e.get("waiting", 0)
+        return f"watcher paused: {n} change{'s' if n != 1 else ''} waiting (applied on resume)"
     if kind == "watch_resumed":
-        return "watcher resumed: edits made while paused apply on the next save"
+        n = e.get("waiting", 0)
+        return "watcher resumed" + (
+            f": reloading {n} change{'s' if n != 1 else ''} made while paused" if n else ""
+        )
     if kind == "watching":
         return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
     if kind == "rewarm_done":

@@ -33,6 +33,8 @@ from hotreload.tui.widgets import Panel, RowsTable, StatusLine
 
 #: Default time between samples.
 REFRESH_S = 0.5
+#: The header while a model that could not start waits for a fix.
+START_FAILED = "start failed: fix the file and save"
 #: Time between samples while nothing moves (no request, no reload, no state change).
 IDLE_REFRESH_S = 1.0
 
@@ -74,6 +76,8 @@ class DashboardApp(App[int]):
         self.selected: str | None = None
         self.phase = "starting: spawning workers, loading and warming up"
         self.paused = False
+        #: Files edited while paused, per the last sample (reloaded on resume).
+        self.waiting = 0
         self.load: LoadGenerator | None = None
         #: Printed after the app closes when the session could not run at all.
         self.exit_message: str | None = None
@@ -174,7 +178,7 @@ class DashboardApp(App[int]):
             self.exit_message = message.fatal
             self.exit(return_code=EXIT_ENVIRONMENT)
             return
-        self.phase = "" if message.error is None else "start failed: fix the file and save"
+        self.phase = "" if message.error is None else START_FAILED
         if message.error:
             self.notify(f"a model could not start: {message.error}", severity="error", timeout=10)
         self._render_status()
@@ -188,6 +192,7 @@ class DashboardApp(App[int]):
             names = self.state.names()
             self.selected = names[0] if names else None
         self.paused = message.sample.paused
+        self.waiting = message.sample.waiting
         self._render_all()
         self._first_sample.set()
 
@@ -195,7 +200,12 @@ class DashboardApp(App[int]):
         e = message.event
         self.state.on_event(e)
         self._notify_for(e)
-        if e.get("kind") in ("reload_done", "reload_failed", "ready", "state", "xid"):
+        if self.phase == START_FAILED and not self.state.start_errors:
+            self.phase = ""  # the model that failed to start came up: say so no longer
+            self._render_status()
+        if e.get("kind") in (
+            "reload_done", "reload_failed", "ready", "state", "xid", "watch_waiting",
+        ):
             self._wake.set()  # sample now: the outcome shows without waiting a turn
         if e.get("kind") in ("reload_requested", "phase_start", "phase_end"):
             self._render_reloads()
@@ -298,7 +308,9 @@ class DashboardApp(App[int]):
         if self.phase:
             right.append(f" {self.phase} ", "bold black on yellow")
         elif self.paused:
-            right.append(" ⏸ watcher PAUSED (p resumes) ", "bold black on yellow")
+            waiting = self.waiting
+            note = f"{waiting} change{'s' if waiting != 1 else ''} waiting, " if waiting else ""
+            right.append(f" ⏸ watcher PAUSED ({note}p resumes) ", "bold black on yellow")
         else:
             right.append(" ● watching ", "bold green")
         if self.load is not None:

@@ -120,6 +120,8 @@ class DashboardState:
             self.live[model].phases[str(e.get("phase"))] = float(e.get("duration_s") or 0.0)
         elif kind in ("reload_done", "reload_failed"):
             self.live.pop(model, None)
+            if kind == "reload_done":  # a cold start after a failed one ends as a reload
+                self.start_errors.pop(model, None)
         elif kind == "start_failed":
             self.start_errors[model] = e
         elif kind == "ready":
@@ -140,4 +142,5 @@ def activity(sample: Sample) -> tuple[Any, ...]:
         )
         for m in sample.models
     )
-    return (models, len(sample.reloads), len(sample.xids), sample.paused, tuple(sample.phases))
+    reloads, xids = len(sample.reloads), len(sample.xids)
+    return (models, reloads, xids, sample.paused, sample.waiting, tuple(sample.phases))
