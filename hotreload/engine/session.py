@@ -99,6 +99,8 @@ class Session:
             if self.with_endpoint:
                 await self.endpoint.start()
                 self._write_session_file()
+            self._announce_cpus()
+            if self.with_endpoint:
                 http = self.config.http
                 if http.enabled:
                     # Before the models start, so readiness is observable during warm-up.
@@ -175,6 +177,11 @@ class Session:
             pin_self(plan.rest)
             for name, cpus in plan.serving.items():
                 self.hosts[name].cpus, self.hosts[name].cpus_rest = cpus, plan.rest
+
+    def _announce_cpus(self) -> None:
+        """The placement line, once the socket is ours: a session refused as "already
+        serving" must not first print where it would have run."""
+        plan = self.cpu_plan
         if plan.serving or plan.notes:
             self.events.emit(
                 "cpus",
@@ -355,6 +362,9 @@ class Session:
         """Every model's figures; workers are asked again only when their last answer is
         older than `worker_max_age_s` (the dashboard samples twice a second)."""
         models = await asyncio.gather(*(h.status(worker_max_age_s) for h in self.hosts.values()))
+        for m in models:
+            # cpus = "auto" that pinned nothing says why where people look, not only at start.
+            m["cpus_unpinned"] = self.cpu_plan.unpinned.get(m["name"])
         return {
             "pid": os.getpid(),
             "config": str(self.config.path),

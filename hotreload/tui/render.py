@@ -221,6 +221,15 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
         if cpus:
             line.append(f" on CPU {format_cpus(cpus['serving'])}", "dim")
         lines.append(line)
+        if not cpus and m.get("cpus_unpinned"):
+            lines.append(
+                Text(
+                    f" not pinned: {m['cpus_unpinned']}",
+                    "dim",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
+            )
         grown = state.growth(m)
         if grown is not None:
             delta, base = grown

@@ -127,3 +127,17 @@ def test_memory_panel_names_the_serving_workers_cpus() -> None:
     state.update(replace(samples[-1], models=({**m, "cpus": pinned},)))
     assert "RSS" in (text := memory_text(state, m["name"], 60).plain)
     assert "MiB on CPU 2-3" in text
+
+
+def test_memory_panel_says_why_cpus_auto_pinned_nothing() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.render import memory_text
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    (m,) = samples[-1].models
+    state = DashboardState()
+    why = "`threads` is not set, so torch would use every core"
+    state.update(replace(samples[-1], models=({**m, "cpus": None, "cpus_unpinned": why},)))
+    assert f"not pinned: {why}" in memory_text(state, m["name"], 100).plain
