@@ -134,3 +134,10 @@ def test_a_pyproject_without_a_tool_table_does_not_warn(
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     assert find_config(cwd=tmp_path) == tmp_path / "hotreload.toml"
     assert capsys.readouterr().err == ""
+
+
+def test_readme_installs_cpu_torch_before_hotreload() -> None:
+    """Without it, a CPU-only machine downloads the multi-GB CUDA build with hotreload."""
+    readme = (REPO / "README.md").read_text()
+    cpu = readme.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    assert cpu < readme.index("pip install /path/to/hotreload", cpu)
