@@ -141,3 +141,28 @@ def test_readme_installs_cpu_torch_before_hotreload() -> None:
     readme = (REPO / "README.md").read_text()
     cpu = readme.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
     assert cpu < readme.index("pip install /path/to/hotreload", cpu)
+
+
+def test_first_set_up_says_what_it_installs_and_why_it_takes_a_while(tmp_path: Path) -> None:
+    """scripts/bootstrap.sh (run by demo.sh and test.sh) with a stand-in interpreter, so
+    nothing is installed: the first run announces itself, a second one is silent."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "bootstrap.sh", tmp_path / "scripts" / "bootstrap.sh")
+    for name in ("requirements-ci.txt", "pyproject.toml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n')
+    (bin_dir / "python").chmod(0o755)
+
+    def bootstrap() -> subprocess.CompletedProcess[str]:
+        script = tmp_path / "scripts" / "bootstrap.sh"
+        return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+
+    first = bootstrap()
+    assert first.returncode == 0, first.stderr
+    assert "installing the pinned dependencies" in first.stderr
+    assert "takes about a minute" in first.stderr and "torch" in first.stderr
+    assert "pip install" in (bin_dir / "calls").read_text()
+    second = bootstrap()
+    assert second.returncode == 0 and second.stderr == ""

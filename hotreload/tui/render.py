@@ -90,7 +90,20 @@ def last_reload(outcomes: Sequence[ReloadOutcome], hms: Callable[[float], str]) 
     return Text(f"{hms(o.started_at)} FAILED in {o.phase or '?'}", "bold red")
 
 
-def model_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
+#: States a model passes through: the Models panel shows how long it has been in one.
+TRANSIENT_STATES = frozenset({"starting", "loading", "warming", "restarting"})
+
+
+def elapsed_text(since: float | None, now: float | None) -> str:
+    """` 12 s`: how long a waiting state has lasted, so a long load never looks stuck."""
+    if since is None or now is None or not since:
+        return ""
+    return f" {max(0.0, now - since):.0f} s"
+
+
+def model_rows(
+    state: DashboardState, hms: Callable[[float], str], now: float | None = None
+) -> tuple[tuple[Any, ...], ...]:
     sample = state.sample
     if sample is None:
         return ()
@@ -99,6 +112,8 @@ def model_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tupl
         name = m["name"]
         st = str(m.get("state"))
         label = Text(st, STATE_STYLES.get(st, ""))
+        if st in TRANSIENT_STATES:
+            label.append(elapsed_text(state.state_since.get(name), now), "yellow")
         phase = sample.phases.get(name)
         if phase and st != "loading":
             label.append(f" ({phase})", "yellow")
@@ -254,16 +269,22 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
 # ---------------------------------------------------------------------- reloads
 
 
-def reload_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
-    """Newest first; reloads running now on top."""
+def reload_rows(
+    state: DashboardState, hms: Callable[[float], str], now: float | None = None
+) -> tuple[tuple[Any, ...], ...]:
+    """Newest first; reloads running now on top, the running phase's time ticking."""
     sample = state.sample
     rows: list[tuple[Any, ...]] = []
     for live in sorted(state.live.values(), key=lambda r: -r.started_at):
+        running = f"running {live.phase or ''}".strip()
         rows.append(
             (
                 hms(live.started_at),
                 live.model,
-                Text(f"running {live.phase or ''}".strip() + "…", "bold yellow"),
+                Text(
+                    running + elapsed_text(live.phase_started_at or live.started_at, now) + "…",
+                    "bold yellow",
+                ),
                 "",
                 trigger_text(live),
                 "",

@@ -141,3 +141,22 @@ def test_memory_panel_says_why_cpus_auto_pinned_nothing() -> None:
     why = "`threads` is not set, so torch would use every core"
     state.update(replace(samples[-1], models=({**m, "cpus": None, "cpus_unpinned": why},)))
     assert f"not pinned: {why}" in memory_text(state, m["name"], 100).plain
+
+
+def test_a_running_phase_and_a_long_load_show_their_elapsed_time() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.render import model_rows, reload_rows
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    (m,) = samples[-1].models
+    state = DashboardState()
+    state.update(replace(samples[-1], models=({**m, "state": "loading", "version": 0},)))
+    state.on_event({"kind": "state", "model": m["name"], "state": "loading", "ts": 100.0})
+    (row,) = model_rows(state, str, now=112.4)
+    assert str(row[2]) == "loading 12 s"
+    state.on_event({"kind": "reload_requested", "model": m["name"], "trigger": "file", "ts": 99})
+    state.on_event({"kind": "phase_start", "model": m["name"], "phase": "load", "ts": 100.0})
+    assert str(reload_rows(state, str, now=103.4)[0][2]) == "running load 3 s…"
+    assert str(reload_rows(state, str, now=109.6)[0][2]) == "running load 10 s…"
