@@ -144,6 +144,7 @@ def test_status_says_why_cpus_auto_pinned_nothing(
     serve(config)
     (m,) = Client(config=config).status()["models"]
     assert m["cpus"] is None and "`threads` is not set" in m["cpus_unpinned"]
+    assert m["cpus_unpinned_short"] == "threads unset"
     from hotreload.cli import main
 
     assert main(["status", "--config", str(config)]) == 0

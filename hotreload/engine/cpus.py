@@ -44,8 +44,9 @@ class CpuPlan:
     rest: frozenset[int] = frozenset()
     #: One line per model that is not pinned, saying why (for the start-up banner).
     notes: list[str] = field(default_factory=list)
-    #: Model name -> why `cpus = "auto"` pinned it nowhere (shown by status, dashboard).
-    unpinned: dict[str, str] = field(default_factory=dict)
+    #: Model name -> (in a few words, in full) why `cpus = "auto"` pinned it nowhere: the
+    #: dashboard's narrow panel shows the first, `hotreload status` the second.
+    unpinned: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: The claim files' descriptors (the locks live as long as these).
     claims: list[int] = field(default_factory=list, repr=False)
 
@@ -186,8 +187,8 @@ def _claim_explicit(
         )
 
 
-def _unpinned(plan: CpuPlan, name: str, why: str) -> None:
-    plan.unpinned[name] = why
+def _unpinned(plan: CpuPlan, name: str, short: str, why: str) -> None:
+    plan.unpinned[name] = (short, why)
     plan.notes.append(f"{name} not pinned: {why}")
 
 
@@ -198,6 +199,7 @@ def _claim_auto(
         _unpinned(
             plan,
             m.name,
+            "threads unset",
             "`threads` is not set, so torch would use every core "
             "(set threads = N to give it N CPUs of its own)",
         )
@@ -221,6 +223,7 @@ def _claim_auto(
         _unpinned(
             plan,
             m.name,
+            "no spare CPU",
             f"it needs {need} CPU(s) of its own plus one for the rest, "
             f"and {len(available - taken)} of CPU {format_cpus(available)} are free",
         )

@@ -364,7 +364,8 @@ class Session:
         models = await asyncio.gather(*(h.status(worker_max_age_s) for h in self.hosts.values()))
         for m in models:
             # cpus = "auto" that pinned nothing says why where people look, not only at start.
-            m["cpus_unpinned"] = self.cpu_plan.unpinned.get(m["name"])
+            short, why = self.cpu_plan.unpinned.get(m["name"], (None, None))
+            m["cpus_unpinned"], m["cpus_unpinned_short"] = why, short
         return {
             "pid": os.getpid(),
             "config": str(self.config.path),

@@ -236,10 +236,10 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
         if cpus:
             line.append(f" on CPU {format_cpus(cpus['serving'])}", "dim")
         lines.append(line)
-        if not cpus and m.get("cpus_unpinned"):
+        if not cpus and m.get("cpus_unpinned_short"):
             lines.append(
                 Text(
-                    f" not pinned: {m['cpus_unpinned']}",
+                    f" CPUs not pinned: {m['cpus_unpinned_short']}",
                     "dim",
                     no_wrap=True,
                     overflow="ellipsis",

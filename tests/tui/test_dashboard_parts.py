@@ -138,9 +138,10 @@ def test_memory_panel_says_why_cpus_auto_pinned_nothing() -> None:
     samples, _ = cpu_scenario(steps=3)
     (m,) = samples[-1].models
     state = DashboardState()
-    why = "`threads` is not set, so torch would use every core"
-    state.update(replace(samples[-1], models=({**m, "cpus": None, "cpus_unpinned": why},)))
-    assert f"not pinned: {why}" in memory_text(state, m["name"], 100).plain
+    why = {"cpus_unpinned": "`threads` is not set, ...", "cpus_unpinned_short": "threads unset"}
+    state.update(replace(samples[-1], models=({**m, "cpus": None, **why},)))
+    text = memory_text(state, m["name"], 34).plain  # the Memory panel's width at 80x24
+    assert " CPUs not pinned: threads unset" in text
 
 
 def test_a_running_phase_and_a_long_load_show_their_elapsed_time() -> None:
