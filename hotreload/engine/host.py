@@ -124,8 +124,9 @@ class ModelHost:
 
     @property
     def next_version(self) -> int:
-        """The number the next build gets: one past the highest this session served."""
-        return self.last_version + 1
+        """The number the next build gets: one past the highest this session served
+        (an in-place swap sets `current` itself, so the serving one counts too)."""
+        return max(self.last_version, self.version) + 1
 
     @property
     def stopping(self) -> bool:
@@ -402,6 +403,7 @@ class ModelHost:
         self.router.worker = None
         if worker is not None:
             await worker.stop(self.model.deadlines.stop_s)
+        self.last_version = max(self.last_version, self.version)
         self.current = None
         self.set_state("unloaded")
 
