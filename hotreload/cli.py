@@ -103,6 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=_cmd_reload)
 
+    p = sub.add_parser(
+        "report",
+        help="draw the session's reloads, latency, queue, memory and Xids as one HTML page",
+        description="Reads .hotreload/events.jsonl and stats.jsonl (written by watch and "
+        "serve) and writes one self-contained HTML page.",
+    )
+    _add_config_arg(p)
+    p.add_argument(
+        "--html", metavar="OUT", help="where to write it (default: .hotreload/report.html)"
+    )
+    p.set_defaults(func=_cmd_report)
+
     from hotreload.gpu import cli as gpu_cli
 
     gpu_cli.register(sub)
@@ -157,6 +169,12 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     from hotreload.dashboard_cmd import dashboard_main
 
     return dashboard_main(args.config, args.socket, owner=args.owner)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from hotreload.report import report_main
+
+    return report_main(args.config, args.html)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

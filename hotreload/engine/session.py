@@ -19,6 +19,7 @@ from hotreload.engine.host import ModelHost
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
+from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.errors import BadRequestError
 from hotreload.paths import ensure_state_dir, snapshot_root, socket_path_for
@@ -75,6 +76,8 @@ class Session:
         self._opened = False
         #: The KServe v2 HTTP endpoint (`hotreload.http.HttpEndpoint`) when enabled.
         self.http: Any = None
+        #: Latency, queue and memory figures over time, to `.hotreload/stats.jsonl`.
+        self.stats_log: StatsRecorder | None = None
         #: Extra handlers (reload, ...) other layers register before start().
         self.handlers = self.endpoint.handlers
 
@@ -110,6 +113,9 @@ class Session:
                         self, http.host, http.port, metrics_port=http.metrics_port
                     )
             await self.telemetry.start()
+            if self.with_endpoint:  # a served session: `hotreload report` draws its figures
+                self.stats_log = StatsRecorder(self, ensure_state_dir(self.config.state_dir))
+                self.stats_log.start()
             await asyncio.to_thread(_prune_stale_snapshots, self.snapshot_dir.parent)
         except BaseException:
             self._leave_cpus()  # stop() may never run: an embedding process keeps its CPUs
@@ -148,6 +154,8 @@ class Session:
         """Stop intake, drain and stop every worker, remove the socket."""
         self.events.emit("session_stopping")
         try:
+            if self.stats_log is not None:
+                await self.stats_log.stop()
             for reloader in self.reloaders.values():
                 await reloader.close()
             await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
