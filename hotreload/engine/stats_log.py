@@ -65,7 +65,7 @@ class StatsRecorder:
     def _row(self, name: str, router: Any, since: float) -> dict[str, Any]:
         # Latencies recorded since the last row: a reload's spike is not averaged into the
         # 60 s window the dashboard shows.
-        values = sorted(v for t, v in list(router.latency._samples) if t >= since)
+        values = sorted(router.latency.since(since))
         return {
             "ts": time.time(),
             "kind": "stats",
