@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from hotreload.check_progress import LiveProgress
+from hotreload.colour import paint, wants_colour
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import BringUpError
@@ -107,9 +109,16 @@ def _finite(frame: Any) -> str | None:
 
 class ModelCheck:
     def __init__(
-        self, config: Config, model: ModelConfig, reloads: int, p99_ms: float | None
+        self,
+        config: Config,
+        model: ModelConfig,
+        reloads: int,
+        p99_ms: float | None,
+        progress: LiveProgress | None = None,
     ) -> None:
         self.config = replace(config, models=(model,))
+        #: In a terminal: shows each step as it starts and ends (None: report at the end).
+        self.progress = progress
         self.model = model
         self.reloads = reloads
         self.p99_ms = p99_ms
@@ -118,14 +127,14 @@ class ModelCheck:
 
     async def step(self, name: str, coro: Any) -> Any:
         t0 = time.monotonic()
+        if self.progress is not None:
+            self.progress.started(name)
         try:
             detail, figures, result = await coro
         except CheckFailed as exc:
             hint = exc.args[1] if len(exc.args) > 1 else None
             tb = exc.args[2] if len(exc.args) > 2 else None
-            self.report.steps.append(
-                Step(name, False, time.monotonic() - t0, str(exc.args[0]), {}, hint, tb)
-            )
+            self._add(Step(name, False, time.monotonic() - t0, str(exc.args[0]), {}, hint, tb))
             raise
         except (ClientError, WorkerDied, WorkerReplyError, TimeoutError) as exc:
             # The model failed a request (or its worker died): a failed check, not a broken
@@ -133,16 +142,19 @@ class ModelCheck:
             tb = getattr(exc, "remote_traceback", None)
             message = str(exc).split("\n--- remote traceback ---", 1)[0] or "timed out"
             hint = (
-                "forward() failed on the example-shaped zeros input: see the traceback"
+                "forward() failed on the example-shaped zeros input" + _see_traceback(tb)
                 if name == "infer"
                 else "the worker stopped answering: see the error"
             )
-            self.report.steps.append(
-                Step(name, False, time.monotonic() - t0, message, {}, hint, tb)
-            )
+            self._add(Step(name, False, time.monotonic() - t0, message, {}, hint, tb))
             raise CheckFailed(message) from exc
-        self.report.steps.append(Step(name, True, time.monotonic() - t0, detail, figures))
+        self._add(Step(name, True, time.monotonic() - t0, detail, figures))
         return result
+
+    def _add(self, step: Step) -> None:
+        self.report.steps.append(step)
+        if self.progress is not None:
+            self.progress.finished(step)
 
     async def run(self) -> ModelReport:
         events = EventBus(None)
@@ -152,6 +164,8 @@ class ModelCheck:
             endpoint=False,
         )
         started_at = time.time()
+        if self.progress is not None:
+            self.progress.model(self.model.name, self.model.policy, self.model.strategy)
         try:
             await self._run(session, started_at)
         except CheckFailed:
@@ -172,7 +186,7 @@ class ModelCheck:
                     self.report.environment_error = str(exc)
                 raise CheckFailed(
                     f"{exc.phase} failed: {exc}",
-                    _hint_for(exc.phase),
+                    _hint_for(exc.phase, exc.remote_traceback),
                     exc.remote_traceback,
                 ) from None
             info = host.current
@@ -236,7 +250,7 @@ class ModelCheck:
                 if not outcome.ok:
                     raise CheckFailed(
                         f"reload failed in {outcome.phase}: {outcome.error}",
-                        _hint_for(outcome.phase),
+                        _hint_for(outcome.phase, outcome.traceback),
                         outcome.traceback,
                     )
                 _, now = _memory_figure(await self._settled_status(host))
@@ -354,38 +368,61 @@ def _sig(sig: list[tuple[str, str, list[int]]]) -> str:
     return ", ".join(f"{n} {d}{s}" for n, d, s in sig)
 
 
-def _hint_for(phase: str | None) -> str:
-    return {
+def _see_traceback(traceback: str | None) -> str:
+    """Sends the reader to the traceback only when one is printed (a LoadError has none:
+    its message is the whole story)."""
+    return ": see the traceback below" if traceback else ""
+
+
+def _hint_for(phase: str | None, traceback: str | None) -> str:
+    hint = {
         "start": "the worker process could not start: check that torch imports in this "
         "environment and that the configured device exists (`hotreload doctor`)",
-        "load": "the factory, the import of your code or the weights failed: see the traceback",
-        "warm": "the example input failed in forward(): see the traceback",
+        "load": "the factory, the import of your code or the weights failed",
+        "warm": "the example input failed in forward()",
         "smoke": "the example's output is non-finite or changed shape/dtype",
         "drain": "a forward never returned: look for a deadlock or an infinite loop",
         "sync": "a CUDA stream stayed busy: a kernel is hung",
-    }.get(phase or "", "see the error above")
+    }.get(phase or "")
+    if hint is None:
+        return "see the error above"
+    return hint + (_see_traceback(traceback) if phase in ("load", "warm") else "")
 
 
 # ----------------------------------------------------------------------------- output
 
 
-def format_report(reports: list[ModelReport], total_s: float, cpu_note: str | None) -> str:
+def format_step(s: Step, colour: bool = False) -> list[str]:
+    """A step's result line, and for a failure what to look at and the traceback."""
+    mark = paint("ok  ", "green", colour) if s.ok else paint("FAIL", "bold red", colour)
+    lines = [f"  {mark} {s.name:<10} {s.seconds * 1000:8.0f} ms  {s.detail}"]
+    if not s.ok:
+        if s.hint:
+            lines.append(f"       look at: {s.hint}")
+        if s.traceback:
+            lines.extend("       " + t for t in s.traceback.rstrip().splitlines()[-12:])
+    return lines
+
+
+def format_report(
+    reports: list[ModelReport],
+    total_s: float,
+    cpu_note: str | None,
+    colour: bool = False,
+    steps: bool = True,
+) -> str:
+    """The text report; without `steps` only the note and the verdict (a terminal saw the
+    steps as they ran)."""
     lines = []
     if cpu_note:
         lines.append(cpu_note)
-    for r in reports:
+    for r in reports if steps else ():
         where = f" on {r.device}" if r.device else ""
         lines.append(f"{r.model}{where} ({r.policy}, {r.strategy})")
         for s in r.steps:
-            mark = "ok  " if s.ok else "FAIL"
-            lines.append(f"  {mark} {s.name:<10} {s.seconds * 1000:8.0f} ms  {s.detail}")
-            if not s.ok:
-                if s.hint:
-                    lines.append(f"       look at: {s.hint}")
-                if s.traceback:
-                    lines.extend("       " + t for t in s.traceback.rstrip().splitlines()[-12:])
+            lines.extend(format_step(s, colour))
     passed = all(r.ok for r in reports)
-    verdict = "PASS" if passed else "FAIL"
+    verdict = paint("PASS", "green", colour) if passed else paint("FAIL", "bold red", colour)
     failed = [r.model for r in reports if not r.ok]
     tail = "" if passed else f": {', '.join(failed)}"
     lines.append(f"hotreload check: {verdict}{tail} ({total_s:.1f} s)")
@@ -428,11 +465,15 @@ def report_json(reports: list[ModelReport], total_s: float, cpu_note: str | None
 
 
 async def _check(
-    config: Config, models: list[ModelConfig], reloads: int, p99_ms: float | None
+    config: Config,
+    models: list[ModelConfig],
+    reloads: int,
+    p99_ms: float | None,
+    progress: LiveProgress | None = None,
 ) -> list[ModelReport]:
     reports = []
     for model in models:
-        reports.append(await ModelCheck(config, model, reloads, p99_ms).run())
+        reports.append(await ModelCheck(config, model, reloads, p99_ms, progress).run())
     return reports
 
 
@@ -457,9 +498,15 @@ def check_main(
     n = config.check.reloads if reloads is None else reloads
     budget = p99_ms if p99_ms is not None else config.check.p99_ms
     cpu_models = [m.name for m in models if m.device == "cpu"]
+    colour = wants_colour(sys.stdout)
+    progress = (
+        LiveProgress(sys.stdout, lambda s: format_step(s, colour))
+        if not as_json and sys.stdout.isatty()
+        else None
+    )
     t0 = time.monotonic()
     try:
-        reports = asyncio.run(_check(config, models, n, budget))
+        reports = asyncio.run(_check(config, models, n, budget, progress))
     except ConfigError as exc:  # checked against this machine at start (`cpus`)
         where = "" if exc.path else f"{config.path}: "
         print(f"hotreload check: config error: {where}{exc}", file=sys.stderr)
@@ -473,7 +520,12 @@ def check_main(
     if devices and all(d == "cpu" for d in devices):
         why = 'set device = "cpu"' if len(cpu_models) == len(models) else "no CUDA device found"
         note = f"running on the CPU ({why}); GPU checks (device memory, streams) do not apply"
-    print(report_json(reports, total, note) if as_json else format_report(reports, total, note))
+    text = (
+        report_json(reports, total, note)
+        if as_json
+        else format_report(reports, total, note, colour=colour, steps=progress is None)
+    )
+    print(text)
     if any(r.environment_error for r in reports):
         return EXIT_ENVIRONMENT
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILURE

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hotreload",
         description="Serve PyTorch models in worker processes and reload them safely on edit.",
     )
+    from hotreload import __version__
+
+    parser.add_argument("--version", action="version", version=f"hotreload {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("init", help="write a commented starter hotreload.toml")
@@ -100,10 +103,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=_cmd_reload)
 
+    p = sub.add_parser(
+        "report",
+        help="draw the session's reloads, latency, queue, memory and Xids as one HTML page",
+        description="Reads .hotreload/events.jsonl and stats.jsonl (written by watch and "
+        "serve) and writes one self-contained HTML page.",
+    )
+    _add_config_arg(p)
+    p.add_argument(
+        "--html", metavar="OUT", help="where to write it (default: .hotreload/report.html)"
+    )
+    p.set_defaults(func=_cmd_report)
+
     from hotreload.gpu import cli as gpu_cli
 
     gpu_cli.register(sub)
+
+    p = sub.add_parser(
+        "completion",
+        help="print a bash or zsh completion script",
+        description="bash: `source <(hotreload completion bash)` (e.g. in ~/.bashrc). "
+        "zsh: `hotreload completion zsh > ~/.zfunc/_hotreload` with ~/.zfunc on $fpath, "
+        "or `source <(hotreload completion zsh)` after compinit.",
+    )
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    p.set_defaults(func=lambda args: _cmd_completion(parser, args))
     return parser
+
+
+def _cmd_completion(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from hotreload.completion import completion_main
+
+    return completion_main(parser, args.shell)
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -138,6 +169,12 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     from hotreload.dashboard_cmd import dashboard_main
 
     return dashboard_main(args.config, args.socket, owner=args.owner)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from hotreload.report import report_main
+
+    return report_main(args.config, args.html)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -217,20 +217,28 @@ def find_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
         if path.is_dir():
             for name in (CONFIG_FILENAME, PYPROJECT):
                 if (path / name).is_file():
-                    return path / name
+                    return _warn_if_shadowed(path / name)
             raise ConfigError(f"folder has no {CONFIG_FILENAME} or {PYPROJECT}", path=str(path))
         if not path.is_file():
             raise ConfigError("file not found (check the --config path)", path=str(path))
         return path
     here = cwd or Path.cwd()
     if (here / CONFIG_FILENAME).is_file():
-        return here / CONFIG_FILENAME
+        return _warn_if_shadowed(here / CONFIG_FILENAME)
     if (here / PYPROJECT).is_file():
         return here / PYPROJECT
     raise ConfigError(
         f"no {CONFIG_FILENAME} or {PYPROJECT} in {here}; run `hotreload init` to write one "
         "or pass --config PATH"
     )
+
+
+def _warn_if_shadowed(path: Path) -> Path:
+    from hotreload.config_shadow import warn_if_shadowed
+
+    if path.name == CONFIG_FILENAME:
+        warn_if_shadowed(path.resolve())
+    return path
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Config:

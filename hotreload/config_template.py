@@ -10,9 +10,10 @@ from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 STARTER = """\
 # hotreload.toml - what hotreload serves and how it reloads it.
 # Paths are relative to this file. Every key is optional unless marked "required".
-# Docs: README.md of hotreload. Check it with: hotreload serve --config hotreload.toml
+# Docs: README.md of hotreload. Check it with: hotreload check (load, infer, reload once
+# or more); then hotreload watch serves it and reloads on every save.
 
-# Where the session keeps events.jsonl and its state (add it to .gitignore).
+# Where the session keeps events.jsonl and its state (it writes its own .gitignore there).
 state_dir = ".hotreload"
 # Largest request or reply, in MiB.
 max_frame_mib = 64

@@ -42,6 +42,8 @@ def format_status(status: dict[str, Any]) -> str:
                 f"  serving worker on CPU {format_cpus(cpus['serving'])}, the session and reloads "
                 f"on CPU {format_cpus(cpus['rest'])}"
             )
+        elif m.get("cpus_unpinned"):
+            lines.append(f"  not pinned to CPUs of its own: {m['cpus_unpinned']}")
         standby = m.get("standby")
         if standby:
             lines.append(

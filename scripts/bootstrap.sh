@@ -10,6 +10,10 @@ fi
 stamp=.venv/.hotreload-deps
 want=$(cat requirements-ci.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # Said before the wait, not after: a minute of silence reads as a hang.
+  echo "setting up .venv: installing the pinned dependencies of requirements-ci.txt (torch" \
+    "2.13.0 CPU build, textual, numpy, aiohttp, ...) and hotreload itself; the first time" \
+    "this takes about a minute (torch alone is a few hundred MB to unpack)" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-ci.txt
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   echo "$want" > "$stamp"

@@ -72,6 +72,75 @@ def test_broken_models_fail_with_the_error_in_the_report(tmp_path: Path, case: s
     assert "look at:" in out.stdout and "hotreload check: FAIL: mlp" in out.stdout
 
 
+def test_a_misspelt_factory_name_gets_a_suggestion_and_no_traceback_hint(
+    tmp_path: Path,
+) -> None:
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace('"model.py:build"', '"model.py:biuld"'))
+    out = run_check(config, "--reloads", "0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "has no attribute 'biuld'; did you mean 'build'?" in out.stdout
+    # No traceback is printed for it, so the hint must not send the reader to one.
+    assert "Traceback" not in out.stdout and "see the traceback" not in out.stdout
+    assert "look at: the factory, the import of your code or the weights failed" in out.stdout
+
+
+def test_a_pickled_module_in_a_pt_file_says_to_save_the_state_dict(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    make = "import torch, model; torch.save(model.build(), 'weights.pt')"
+    subprocess.run([sys.executable, "-c", make], cwd=config.parent, check=True, timeout=120)
+    config.write_text(config.read_text().replace("weights.safetensors", "weights.pt"))
+    out = run_check(config, "--reloads", "0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "holds a pickled object, not a state dict: save `model.state_dict()`" in out.stdout
+    # torch's own advice (allow-lists, weights_only=False) cannot be followed here.
+    assert "weights_only" not in out.stdout and "add_safe_globals" not in out.stdout
+
+
+def run_check_in_a_terminal(config: Path, *args: str, timeout: float = 120) -> str:
+    """`hotreload check` with a pseudo-terminal as its output: what a user sees."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hotreload", "check", "--config", str(config), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+        cwd=config.parent,
+        env=dict(os.environ, NO_COLOR="1"),
+    )
+    os.close(follower)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], timeout)
+            assert ready, "no output from hotreload check within the timeout"
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout) == 0, b"".join(chunks).decode()
+    finally:
+        proc.kill()
+        proc.wait(30)
+        os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def test_in_a_terminal_each_step_shows_as_it_starts_with_its_time(project: Path) -> None:
+    out = run_check_in_a_terminal(project, "--reloads", "1")
+    # The running step is drawn (and redrawn in place) before its result line.
+    assert out.index("  ..   load+warm") < out.index("  ok   load+warm")
+    assert out.index("  ok   load+warm") < out.index("  ..   reload 1") < out.index("ok   reload 1")
+    assert "\r\033[K  ..   load+warm     0.0 s" in out
+    assert "hotreload check: PASS" in out and out.count("ok   load+warm") == 1
+
+
 def test_changed_output_shape_fails_against_the_last_passing_run(project: Path) -> None:
     assert run_check(project, "--reloads", "0").returncode == 0
     model = project.parent / "model.py"

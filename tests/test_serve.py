@@ -136,6 +136,22 @@ def test_status_reports_figures(project: Path, serve) -> None:
     assert main(["status", "--config", str(project)]) == 0
 
 
+def test_status_says_why_cpus_auto_pinned_nothing(
+    tmp_path: Path, serve, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace("threads = 1", "# threads unset"))
+    serve(config)
+    (m,) = Client(config=config).status()["models"]
+    assert m["cpus"] is None and "`threads` is not set" in m["cpus_unpinned"]
+    assert m["cpus_unpinned_short"] == "threads unset"
+    from hotreload.cli import main
+
+    assert main(["status", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "  not pinned to CPUs of its own: `threads` is not set" in out
+
+
 def test_queue_full_rejects_at_once_with_depth_and_limit(tmp_path: Path, serve) -> None:
     config = slow_project(tmp_path)
     serve(config)
@@ -353,6 +369,8 @@ def test_second_session_on_the_same_config_leaves_the_first_one_serving(
     second = serve(project, wait_ready=False)
     assert second.proc.wait(60) == 3
     second.wait_for("already serving")
+    # Where the refused session would have run is no news: no placement line before it.
+    assert "cpus:" not in second.output, second.output
     # The refused session must not remove the socket of the one that is serving.
     assert first.proc.poll() is None and client.socket_path.exists()
     with Client(config=project) as fresh:

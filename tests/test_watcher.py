@@ -185,3 +185,119 @@ def test_unreadable_folder_is_reported_not_fatal(
     assert any("cannot read folder" in e and "secret" in e and "permissions" in e for e in errors)
     (watching_event,) = [e for e in events if e["kind"] == "watching"]
     assert str(config.parent.resolve()) in watching_event["paths"]
+
+
+async def _watcher(config: Path) -> tuple[FileWatcher, list[Change], list[dict]]:
+    cfg = load_config(config)
+    events = EventBus(None)
+    seen: list[dict] = []
+    events.subscribe(seen.append)
+    changes: list[Change] = []
+
+    async def on_change(change: Change) -> None:
+        changes.append(change)
+
+    w = FileWatcher(
+        cfg,
+        on_change,
+        events,
+        rules_for=lambda m: IgnoreRules(m.ignore, extra_dirs=[cfg.state_dir]),
+        quiet_s=0.05,
+        max_wait_s=0.5,
+    )
+    return w, changes, seen
+
+
+async def _until(predicate, what: str, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def test_an_edit_saved_while_the_models_load_is_reloaded_at_watch_start(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+
+    async def main() -> list[Change]:
+        w, changes, _ = await _watcher(config)
+        await w.prime()  # what the models are about to load
+        # ... the load takes seconds; the user saves meanwhile, before any watch exists ...
+        model.write_text(model.read_text().replace("SCALE = 1.0", "SCALE = 2.0"))
+        await w.start()
+        try:
+            await _until(lambda: changes, "the edit saved during the load")
+        finally:
+            await w.stop()
+        return changes
+
+    changes = run(main())
+    assert [(c.model, [p.name for p in c.paths]) for c in changes] == [("mlp", ["model.py"])]
+
+
+def test_nothing_saved_during_the_load_reloads_nothing(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+
+    async def main() -> tuple[list[Change], int]:
+        w, changes, _ = await _watcher(config)
+        await w.prime()
+        await w.start()
+        try:
+            await _until(lambda: w.flushes == 1, "the start-up comparison")
+        finally:
+            await w.stop()
+        return changes, w.flushes
+
+    assert run(main()) == ([], 1)
+
+
+def test_pause_edit_resume_applies_the_edit_and_counts_it_while_paused(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+
+    async def main() -> tuple[list[Change], list[dict], int]:
+        w, changes, seen = await _watcher(config)
+        await w.start()
+        try:
+            w.pause()
+            model.write_text(model.read_text().replace("SCALE = 1.0", "SCALE = 3.0"))
+            await _until(lambda: len(w.waiting) == 1, "1 change waiting")
+            (config.parent / "notes.txt~").write_text("editor backup: ignored")
+            await asyncio.sleep(0.3)  # would a reload start while paused? (none may)
+            assert changes == [] and len(w.waiting) == 1
+            await w.resume()
+            await _until(lambda: changes, "the edit made while paused")
+            return changes, seen, len(w.waiting)
+        finally:
+            await w.stop()
+
+    changes, seen, waiting_after = run(main())
+    assert [(c.model, [p.name for p in c.paths]) for c in changes] == [("mlp", ["model.py"])]
+    assert waiting_after == 0
+    assert [e["waiting"] for e in seen if e["kind"] == "watch_waiting"] == [1]
+    (resumed,) = [e for e in seen if e["kind"] == "watch_resumed"]
+    assert resumed["waiting"] == 1
+
+
+def test_an_edit_undone_while_paused_waits_no_more(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+    original = model.read_text()
+
+    async def main() -> tuple[list[Change], int]:
+        w, changes, _ = await _watcher(config)
+        await w.start()
+        try:
+            w.pause()
+            model.write_text(original + "\n# tried something\n")
+            await _until(lambda: len(w.waiting) == 1, "1 change waiting")
+            model.write_text(original)
+            await _until(lambda: not w.waiting, "no change waiting")
+            await w.resume()
+            await _until(lambda: w.flushes >= 1, "the resume comparison")
+            return changes, len(w.waiting)
+        finally:
+            await w.stop()
+
+    assert run(main()) == ([], 0)

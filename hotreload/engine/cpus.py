@@ -45,6 +45,9 @@ class CpuPlan:
     rest: frozenset[int] = frozenset()
     #: One line per model that is not pinned, saying why (for the start-up banner).
     notes: list[str] = field(default_factory=list)
+    #: Model name -> (in a few words, in full) why `cpus = "auto"` pinned it nowhere: the
+    #: dashboard's narrow panel shows the first, `hotreload status` the second.
+    unpinned: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: The claim files' descriptors (the locks live as long as these).
     claims: list[int] = field(default_factory=list, repr=False)
 
@@ -196,13 +199,21 @@ def _claim_explicit(
         )
 
 
+def _unpinned(plan: CpuPlan, name: str, short: str, why: str) -> None:
+    plan.unpinned[name] = (short, why)
+    plan.notes.append(f"{name} not pinned: {why}")
+
+
 def _claim_auto(
     plan: CpuPlan, m: ModelConfig, available: frozenset[int], folder: Path, taken: set[int]
 ) -> None:
     if m.threads is None:
-        plan.notes.append(
-            f"{m.name} not pinned: `threads` is not set, so torch would use every core "
-            "(set threads = N to give it N CPUs of its own)"
+        _unpinned(
+            plan,
+            m.name,
+            "threads unset",
+            "`threads` is not set, so torch would use every core "
+            "(set threads = N to give it N CPUs of its own)",
         )
         return
     need = m.threads.intra_op
@@ -221,9 +232,12 @@ def _claim_auto(
     if len(got) < need:
         for fd in got.values():
             os.close(fd)
-        plan.notes.append(
-            f"{m.name} not pinned: it needs {need} CPU(s) of its own plus one for the rest, "
-            f"and {len(available - taken)} of CPU {format_cpus(available)} are free"
+        _unpinned(
+            plan,
+            m.name,
+            "no spare CPU",
+            f"it needs {need} CPU(s) of its own plus one for the rest, "
+            f"and {len(available - taken)} of CPU {format_cpus(available)} are free",
         )
         return
     plan.claims.extend(got.values())

@@ -79,6 +79,7 @@ def register(ws: WatchSession) -> None:
             "xids": [asdict(x) for x in tel.xids],
             "xid_sources": tel.xid_sources,
             "paused": ws.watcher.paused,
+            "waiting": len(ws.watcher.waiting),
             "phases": {n: h.reload_phase for n, h in session.hosts.items() if h.reload_phase},
             "inputs": {
                 name: [h.router.input_form, list(h.router.input_signature)]

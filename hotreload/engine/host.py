@@ -84,6 +84,9 @@ class ModelHost:
         self.worker: WorkerProcess | None = None
         self.state = "stopped"
         self.current: VersionInfo | None = None
+        #: The highest version this session served: a load after an unload goes on from it,
+        #: so a version number never names two different builds within a session.
+        self.last_version = 0
         self.generation = 0
         self.restarts = 0
         self.last_error: str | None = None
@@ -121,6 +124,12 @@ class ModelHost:
     @property
     def version(self) -> int:
         return self.current.version if self.current else 0
+
+    @property
+    def next_version(self) -> int:
+        """The number the next build gets: one past the highest this session served
+        (an in-place swap sets `current` itself, so the serving one counts too)."""
+        return max(self.last_version, self.version) + 1
 
     @property
     def stopping(self) -> bool:
@@ -237,12 +246,13 @@ class ModelHost:
         return info
 
     async def start(self) -> None:
-        """Spawn the worker and serve version 1. Raises BringUpError when it cannot."""
+        """Spawn the worker and serve the next version (v1 at the session's start). Raises
+        BringUpError when it cannot."""
         self.set_state("starting")
         worker = await self.spawn_worker()
         self.set_state("loading", pid=worker.pid)
         try:
-            info = await self.bring_up(worker, 1)
+            info = await self.bring_up(worker, self.next_version)
         except BringUpError as exc:
             await worker.stop(self.model.deadlines.stop_s)
             self.set_state("failed", error=str(exc))
@@ -266,6 +276,7 @@ class ModelHost:
         requests in flight on the previous worker finish there (see ModelRouter.handover)."""
         previous, self.worker = self.worker, worker
         self.current = info
+        self.last_version = max(self.last_version, info.version)
         if previous is not worker:  # an in-place reload keeps its place
             self.place(worker, serving=True)
             if previous is not None and not handover:
@@ -404,6 +415,7 @@ class ModelHost:
         self.router.worker = None
         if worker is not None:
             await worker.stop(self.model.deadlines.stop_s)
+        self.last_version = max(self.last_version, self.version)
         self.current = None
         self.set_state("unloaded")
 

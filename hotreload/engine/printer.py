@@ -7,6 +7,27 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+from hotreload.colour import paint, wants_colour
+
+#: The colour of an event's first line in a terminal (a traceback below it is dimmed).
+EVENT_STYLES = {
+    "ready": "green",
+    "reload_done": "green",
+    "worker_restarted": "green",
+    "start_failed": "bold red",
+    "reload_failed": "bold red",
+    "restart_failed": "red",
+    "wedged": "bold red",
+    "worker_died": "red",
+    "config_error": "red",
+    "watch_error": "red",
+    "snapshot_rewritten": "yellow",
+    "cpus_failed": "yellow",
+    "watch_paused": "yellow",
+    "watch_waiting": "yellow",
+    "reload_skipped": "dim",
+}
+
 
 def describe_xid_sources(
     sources: Iterable[dict[str, Any]], clean: Callable[[str], str] = str
@@ -89,8 +110,14 @@ def format_event(e: dict[str, Any]) -> str | None:
         return f"watcher: {e.get('error')}"
     if kind == "watch_paused":
         return "watcher paused: edits are not reloaded until it resumes"
+    if kind == "watch_waiting":
+        n = e.get("waiting", 0)
+        return f"watcher paused: {n} change{'s' if n != 1 else ''} waiting (applied on resume)"
     if kind == "watch_resumed":
-        return "watcher resumed: edits made while paused apply on the next save"
+        n = e.get("waiting", 0)
+        return "watcher resumed" + (
+            f": reloading {n} change{'s' if n != 1 else ''} made while paused" if n else ""
+        )
     if kind == "watching":
         return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
     if kind == "rewarm_done":
@@ -123,14 +150,23 @@ def format_event(e: dict[str, Any]) -> str | None:
 
 
 class PlainPrinter:
-    def __init__(self, out: TextIO | None = None, timestamps: bool = True) -> None:
+    def __init__(
+        self, out: TextIO | None = None, timestamps: bool = True, colour: bool | None = None
+    ) -> None:
         self.out = out or sys.stdout
         self.timestamps = timestamps
+        #: None: colour when `out` is a terminal and NO_COLOR is unset.
+        self.colour = wants_colour(self.out) if colour is None else colour
 
     def __call__(self, event: dict[str, Any]) -> None:
         line = format_event(event)
         if line is None:
             return
+        if self.colour:
+            head, _, rest = line.partition("\n")
+            line = paint(head, EVENT_STYLES.get(str(event.get("kind"))), True)
+            if rest:
+                line += "\n" + paint(rest, "dim", True)
         if self.timestamps:
             stamp = time.strftime("%H:%M:%S", time.localtime(event.get("ts", time.time())))
             line = f"{stamp} {line}"

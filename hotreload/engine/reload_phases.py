@@ -224,7 +224,7 @@ class ReloadPhases:
         host = self.host
         worker = host.worker
         assert worker is not None
-        version = host.version + 1
+        version = host.next_version
         try:
             info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
         except PhaseFailed:
@@ -307,7 +307,7 @@ class ReloadPhases:
         host = self.host
         worker = host.worker
         assert worker is not None
-        version = host.version + 1
+        version = host.next_version
         await self._gate_drain_sync(worker, outcome)
         await self._offload_old(worker, outcome)
         try:

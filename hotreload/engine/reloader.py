@@ -217,7 +217,7 @@ class Reloader(RespawnPhases):
         else:
             outcome.policy, reason = await self._choose_policy()
             self.events.emit("policy", model=host.name, policy=outcome.policy, reason=reason)
-        candidate = await self._candidate_snapshot(host.version + 1)
+        candidate = await self._candidate_snapshot(host.next_version)
         try:
             if cold:
                 await self._cold_start(job, outcome, candidate)
@@ -290,7 +290,7 @@ class Reloader(RespawnPhases):
 
     async def start_host(self) -> None:
         """First start of the model, with the snapshot a later restart falls back to."""
-        candidate = await self._candidate_snapshot(1)
+        candidate = await self._candidate_snapshot(self.host.next_version)
         try:
             await self.host.start()
         except BaseException:

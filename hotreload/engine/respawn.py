@@ -249,7 +249,7 @@ class RespawnPhases(ReloadPhases):
         host = self.host
         old = host.worker
         assert old is not None
-        version = host.version + 1
+        version = host.next_version
         if outcome.policy != "resource":
             new, info = await self._spawn_and_build(job, outcome, version, cold=False)
             await self._handover(old, new, info, outcome)
@@ -358,7 +358,7 @@ class RespawnPhases(ReloadPhases):
     ) -> None:
         """No live worker (first start failed, unloaded, or restarts gave up): start one."""
         host = self.host
-        version = host.version + 1
+        version = host.next_version
         if host.worker is not None and not host.worker.alive:
             await host.worker.kill()
         new, info = await self._spawn_and_build(job, outcome, version, cold=True)

@@ -19,6 +19,7 @@ from hotreload.engine.host import ModelHost
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
+from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.errors import BadRequestError
 from hotreload.paths import (
@@ -80,6 +81,8 @@ class Session:
         self._opened = False
         #: The KServe v2 HTTP endpoint (`hotreload.http.HttpEndpoint`) when enabled.
         self.http: Any = None
+        #: Latency, queue and memory figures over time, to `.hotreload/stats.jsonl`.
+        self.stats_log: StatsRecorder | None = None
         #: Extra handlers (reload, ...) other layers register before start().
         self.handlers = self.endpoint.handlers
 
@@ -104,6 +107,8 @@ class Session:
             if self.with_endpoint:
                 await self.endpoint.start()
                 self._write_session_file()
+            self._announce_cpus()
+            if self.with_endpoint:
                 http = self.config.http
                 if http.enabled:
                     # Before the models start, so readiness is observable during warm-up.
@@ -113,6 +118,9 @@ class Session:
                         self, http.host, http.port, metrics_port=http.metrics_port
                     )
             await self.telemetry.start()
+            if self.with_endpoint:  # a served session: `hotreload report` draws its figures
+                self.stats_log = StatsRecorder(self, ensure_state_dir(self.config.state_dir))
+                self.stats_log.start()
             await asyncio.to_thread(_prune_stale_snapshots, self.snapshot_dir.parent)
         except BaseException:
             self._leave_cpus()  # stop() may never run: an embedding process keeps its CPUs
@@ -151,6 +159,8 @@ class Session:
         """Stop intake, drain and stop every worker, remove the socket."""
         self.events.emit("session_stopping")
         try:
+            if self.stats_log is not None:
+                await self.stats_log.stop()
             for reloader in self.reloaders.values():
                 await reloader.close()
             await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
@@ -180,6 +190,11 @@ class Session:
             pin_self(plan.rest)
             for name, cpus in plan.serving.items():
                 self.hosts[name].cpus, self.hosts[name].cpus_rest = cpus, plan.rest
+
+    def _announce_cpus(self) -> None:
+        """The placement line, once the socket is ours: a session refused as "already
+        serving" must not first print where it would have run."""
+        plan = self.cpu_plan
         if plan.serving or plan.notes:
             self.events.emit(
                 "cpus",
@@ -360,6 +375,10 @@ class Session:
         """Every model's figures; workers are asked again only when their last answer is
         older than `worker_max_age_s` (the dashboard samples twice a second)."""
         models = await asyncio.gather(*(h.status(worker_max_age_s) for h in self.hosts.values()))
+        for m in models:
+            # cpus = "auto" that pinned nothing says why where people look, not only at start.
+            short, why = self.cpu_plan.unpinned.get(m["name"], (None, None))
+            m["cpus_unpinned"], m["cpus_unpinned_short"] = why, short
         return {
             "pid": os.getpid(),
             "config": str(self.config.path),

@@ -29,6 +29,15 @@ class LatencyWindow:
         if len(self._samples) > self.max_samples:
             self._samples.popleft()
 
+    def since(self, t: float) -> list[float]:
+        """The latencies recorded at or after monotonic time `t` (newest last)."""
+        out = []
+        for at, v in reversed(self._samples):
+            if at < t:
+                break
+            out.append(v)
+        return out[::-1]
+
     def summary(self, now: float | None = None) -> dict[str, float | int]:
         cutoff = (now if now is not None else time.monotonic()) - self.window_s
         while self._samples and self._samples[0][0] < cutoff:

@@ -40,7 +40,19 @@ class WatchSession:
         self.start_state = "starting"
         #: {"phase", "error"} of the model that could not come up.
         self.start_error: dict[str, str] | None = None
+        self.session.events.subscribe(self._on_event)
         dashboard_ops.register(self)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        # A model that failed at start and then came up (a save, `hotreload reload`, an
+        # HTTP load): the session is no longer in a failed start, for a dashboard
+        # attaching now as for the one already open.
+        if (
+            event.get("kind") == "reload_done"
+            and self.start_state == "failed"
+            and all(h.state == "serving" for h in self.session.hosts.values())
+        ):
+            self.start_state, self.start_error = "started", None
 
     async def _on_config_change(self) -> None:
         try:
@@ -66,6 +78,7 @@ class WatchSession:
         )
 
     async def start(self) -> None:
+        await self.watcher.prime()
         await self.session.start()
         await self.watcher.start()
         self.start_state = "started"
@@ -74,6 +87,7 @@ class WatchSession:
         """Start; a model that cannot come up is recorded (`start_state` "failed", and its
         `start_failed` event) and the watcher starts anyway: the user fixes the file, saves,
         and the reload brings it up."""
+        await self.watcher.prime()
         try:
             await self.session.start()
         except BringUpError as exc:
@@ -126,14 +140,21 @@ def _rel(path: Path, root: Path) -> str:
 async def _watch_plain(config: Config) -> int:
     ws = WatchSession(config)
     ws.session.events.subscribe(PlainPrinter())
-    return await run_until_signal(
-        ws.start,
-        ws.stop,
-        lambda: (
+
+    def banner() -> str:
+        if ws.start_error is not None:
+            # As the dashboard and `uvicorn --reload` do: wait for the fix, not exit.
+            failed = [n for n, h in ws.session.hosts.items() if h.state != "serving"]
+            return (
+                f"{', '.join(failed)} could not start (see above): fix the file and save, "
+                "the watcher tries again - Ctrl-C to stop"
+            )
+        return (
             f"serving {len(ws.session.hosts)} model(s) on {ws.session.socket_path}; "
             "edit a file to reload - Ctrl-C to stop"
-        ),
-    )
+        )
+
+    return await run_until_signal(ws.start_keep_going, ws.stop, banner)
 
 
 def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: Any) -> int:

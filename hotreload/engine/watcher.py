@@ -65,6 +65,10 @@ def _fingerprint(path: Path) -> _Fingerprint | None:
     return _Fingerprint(st.st_size, st.st_mtime_ns, digest)
 
 
+def _digest(fp: _Fingerprint | None) -> str | None:
+    return fp.digest if fp else None
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, loop: asyncio.AbstractEventLoop, sink: Callable[[str], None]) -> None:
         self.loop = loop
@@ -113,8 +117,13 @@ class FileWatcher:
         self._first_at: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._baseline: dict[Path, _Fingerprint | None] = {}
+        #: True once `prime` took the baseline of the files the models are about to load.
+        self._primed = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self.flushes = 0
+        #: While paused: the files whose content differs from what is loaded (applied on
+        #: resume; the dashboard shows how many).
+        self.waiting: set[Path] = set()
 
     # ------------------------------------------------------------------ what to watch
 
@@ -184,9 +193,16 @@ class FileWatcher:
 
     # ------------------------------------------------------------------ lifecycle
 
+    async def prime(self) -> None:
+        """Fingerprint the files before the models load them. `start` (after the load)
+        then reloads whatever was saved in between: a long load must not lose an edit."""
+        self._baseline = await asyncio.to_thread(self._take_baseline)
+        self._primed = True
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._baseline = await asyncio.to_thread(self._take_baseline)
+        if not self._primed:
+            self._baseline = await asyncio.to_thread(self._take_baseline)
         handler = _Handler(self._loop, self._on_event)
         roots = [r for r in self.roots() if self._readable(r)]
         if not self.poll:
@@ -217,6 +233,14 @@ class FileWatcher:
             max_wait_ms=round(self.max_wait_s * 1000),
             mode="polling" if self.poll else "inotify",
         )
+        if self._primed:
+            self._primed = False
+            self._spawn(self._dispatch_all())  # what was saved while the models loaded
+
+    async def _dispatch_all(self) -> None:
+        """Compare every known and tracked file with the baseline; reload what changed."""
+        paths = await asyncio.to_thread(lambda: set(self._tracked_files()) | set(self._baseline))
+        await self._dispatch(paths)
 
     def _readable(self, root: Path) -> bool:
         if os.access(root, os.R_OK | os.X_OK):
@@ -262,21 +286,26 @@ class FileWatcher:
     def pause(self) -> None:
         self.paused = True
         self._pending.clear()
+        self.waiting.clear()
         self.events.emit("watch_paused")
 
     async def resume(self) -> None:
-        # Edits made while paused become the new baseline: they apply on the next save.
-        self._baseline = await asyncio.to_thread(self._take_baseline)
+        """Reload what was edited while paused (compared with what is loaded)."""
         self.paused = False
-        self.events.emit("watch_resumed")
+        waiting, self.waiting = len(self.waiting), set()
+        self.events.emit("watch_resumed", waiting=waiting)
+        self._spawn(self._dispatch_all())
 
     # ------------------------------------------------------------------ coalescing
 
     def _on_event(self, text: str) -> None:
-        if self.paused or self._loop is None:
+        if self._loop is None:
             return
         path = Path(text)
         if path != self.config.path and not self.models_for(path):
+            return
+        if self.paused:
+            self._count_waiting(path)
             return
         now = time.monotonic()
         if self._first_at is None:
@@ -307,23 +336,58 @@ class FileWatcher:
             out.update(q for q in list(self._baseline) if p in q.parents)
         return out
 
+    def _count_waiting(self, path: Path) -> None:
+        """Paused: note whether `path` now differs from what is loaded (off the loop), and
+        say so when the count changes. Nothing reloads until resume."""
+
+        async def count() -> None:
+            def differs() -> dict[Path, bool]:
+                found = self._expand({path}) - {self.config.path}
+                return {p: self._compare(p)[0] for p in found}
+
+            found = await asyncio.to_thread(differs)
+            before = len(self.waiting)
+            for p, changed in found.items():
+                if changed and self.paused:
+                    self.waiting.add(p)
+                else:
+                    self.waiting.discard(p)
+            if len(self.waiting) != before and self.paused:
+                self.events.emit("watch_waiting", waiting=len(self.waiting))
+
+        self._spawn(count())
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        """Run `coro` in the background; `stop` cancels it."""
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _compare(self, p: Path) -> tuple[bool, _Fingerprint | None, bool]:
+        """(content differs from the baseline, new fingerprint, stat unchanged so the
+        fingerprint was not read)."""
+        old = self._baseline.get(p)
+        try:
+            st = p.stat()
+            same_stat = (
+                old is not None and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns
+            )
+        except OSError:
+            same_stat = False
+        if same_stat:
+            return False, old, True
+        new = _fingerprint(p)
+        return _digest(old) != _digest(new), new, False
+
     def _diff(self, paths: set[Path]) -> list[Path]:
         """Paths whose content differs from the last seen (deleted counts as changed)."""
         changed = []
         for p in sorted(self._expand(paths)):
-            old = self._baseline.get(p)
-            try:
-                st = p.stat()
-                same_stat = (
-                    old is not None and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns
-                )
-            except OSError:
-                same_stat = False
-            if same_stat:
+            differs, new, unread = self._compare(p)
+            if unread:
                 continue
-            new = _fingerprint(p)
             self._baseline[p] = new
-            if (old.digest if old else None) != (new.digest if new else None):
+            if differs:
                 changed.append(p)
         return changed
 

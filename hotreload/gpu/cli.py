@@ -76,11 +76,17 @@ def _tail(f: TextIO, stop: threading.Event, poll_s: float = 0.2) -> Iterator[str
         yield buf
 
 
-def _print_lines(lines: Iterable[str], as_json: bool, out: TextIO) -> None:
+def _print_lines(lines: Iterable[str], as_json: bool, out: TextIO, where: str) -> None:
+    """Each Xid event in `lines`; in text mode a line saying so when there is none (an empty
+    output reads as a command that did nothing). JSON output stays one object per event."""
     from hotreload.gpu.xid_parse import parse_lines
 
+    seen = 0
     for ev in parse_lines(lines, source="file"):
         _emit(ev, as_json, out)
+        seen += 1
+    if not seen and not as_json:
+        out.write(f"no Xid events in {where}\n")
 
 
 _KERNEL_LOG_HINT = (
@@ -124,7 +130,7 @@ def xid_main(
         if lines is None:
             err.write(f"hotreload xid: cannot read the kernel log: {how}\n{_KERNEL_LOG_HINT}\n")
             return EXIT_ENVIRONMENT
-        _print_lines(lines, as_json, out)
+        _print_lines(lines, as_json, out, "the kernel log")
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -147,10 +153,8 @@ def _xid_from_file(
             )
             return EXIT_USAGE
     try:
-        if follow:
-            _print_lines(_tail(f, stop), as_json, out)
-        else:
-            _print_lines(f, as_json, out)
+        where = "stdin" if f is sys.stdin else source
+        _print_lines(_tail(f, stop) if follow else f, as_json, out, where)
     finally:
         if f is not sys.stdin:
             f.close()

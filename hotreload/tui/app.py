@@ -33,6 +33,10 @@ from hotreload.tui.widgets import Panel, RowsTable, StatusLine
 
 #: Default time between samples.
 REFRESH_S = 0.5
+#: The header until every model is up (the seconds so far follow it).
+STARTING = "starting: spawning workers, loading and warming up"
+#: The header while a model that could not start waits for a fix.
+START_FAILED = "start failed: fix the file and save"
 #: Time between samples while nothing moves (no request, no reload, no state change).
 IDLE_REFRESH_S = 1.0
 
@@ -72,8 +76,11 @@ class DashboardApp(App[int]):
         #: What earlier samples left (histories, baselines); a replay can hand one in.
         self.state = state or DashboardState()
         self.selected: str | None = None
-        self.phase = "starting: spawning workers, loading and warming up"
+        self.phase = STARTING
+        self._mounted_at: float | None = None
         self.paused = False
+        #: Files edited while paused, per the last sample (reloaded on resume).
+        self.waiting = 0
         self.load: LoadGenerator | None = None
         #: Printed after the app closes when the session could not run at all.
         self.exit_message: str | None = None
@@ -116,10 +123,24 @@ class DashboardApp(App[int]):
     def on_mount(self) -> None:
         self._unsubscribe = self.source.subscribe(lambda e: self.post_message(EngineEvent(e)))
         self.query_one("#models", RowsTable).focus()
+        self._mounted_at = self.source.clock.now()
         self._render_status()
         self._start_worker = self._start_session()
         self._sample_loop()
-        self.set_interval(1.0, self._render_status)
+        self.set_interval(1.0, self._tick)
+
+    def _tick(self) -> None:
+        """Once a second: the clock, and the elapsed time of whatever is still running (a
+        model loading, a reload's phase), so a long wait never looks like a hang."""
+        self._render_status()
+        sample = self.state.sample
+        running = self.state.live or any(
+            m.get("state") in render.TRANSIENT_STATES for m in (sample.models if sample else ())
+        )
+        if running:
+            hms, now = self.source.clock.hms, self.source.clock.now()
+            self.query_one("#models", RowsTable).view = render.model_rows(self.state, hms, now)
+            self._render_reloads()
 
     async def wait_for_first_sample(self, timeout: float = 30.0) -> None:
         """For callers that drive the app (tests, screenshots): the panels have data."""
@@ -174,7 +195,7 @@ class DashboardApp(App[int]):
             self.exit_message = message.fatal
             self.exit(return_code=EXIT_ENVIRONMENT)
             return
-        self.phase = "" if message.error is None else "start failed: fix the file and save"
+        self.phase = "" if message.error is None else START_FAILED
         if message.error:
             self.notify(f"a model could not start: {message.error}", severity="error", timeout=10)
         self._render_status()
@@ -188,6 +209,7 @@ class DashboardApp(App[int]):
             names = self.state.names()
             self.selected = names[0] if names else None
         self.paused = message.sample.paused
+        self.waiting = message.sample.waiting
         self._render_all()
         self._first_sample.set()
 
@@ -195,7 +217,12 @@ class DashboardApp(App[int]):
         e = message.event
         self.state.on_event(e)
         self._notify_for(e)
-        if e.get("kind") in ("reload_done", "reload_failed", "ready", "state", "xid"):
+        if self.phase == START_FAILED and not self.state.start_errors:
+            self.phase = ""  # the model that failed to start came up: say so no longer
+            self._render_status()
+        if e.get("kind") in (
+            "reload_done", "reload_failed", "ready", "state", "xid", "watch_waiting",
+        ):
             self._wake.set()  # sample now: the outcome shows without waiting a turn
         if e.get("kind") in ("reload_requested", "phase_start", "phase_end"):
             self._render_reloads()
@@ -247,7 +274,8 @@ class DashboardApp(App[int]):
 
     def _render_all(self) -> None:
         hms = self.source.clock.hms
-        self.query_one("#models", RowsTable).view = render.model_rows(self.state, hms)
+        now = self.source.clock.now()
+        self.query_one("#models", RowsTable).view = render.model_rows(self.state, hms, now)
         self._render_panels()
         self._render_reloads()
         sample = self.state.sample
@@ -279,7 +307,8 @@ class DashboardApp(App[int]):
         self._reload_items = [None] * len(self.state.live) + list(
             reversed(sample.reloads if sample else ())
         )
-        table.view = render.reload_rows(self.state, self.source.clock.hms)
+        clock = self.source.clock
+        table.view = render.reload_rows(self.state, clock.hms, clock.now())
         self._render_detail()
 
     def _render_detail(self) -> None:
@@ -296,9 +325,13 @@ class DashboardApp(App[int]):
         clock = self.source.clock
         right = Text()
         if self.phase:
-            right.append(f" {self.phase} ", "bold black on yellow")
+            since = self._mounted_at if self.phase == STARTING else None
+            elapsed = render.elapsed_text(since, clock.now())
+            right.append(f" {self.phase}{elapsed} ", "bold black on yellow")
         elif self.paused:
-            right.append(" ⏸ watcher PAUSED (p resumes) ", "bold black on yellow")
+            waiting = self.waiting
+            note = f"{waiting} change{'s' if waiting != 1 else ''} waiting, " if waiting else ""
+            right.append(f" ⏸ watcher PAUSED ({note}p resumes) ", "bold black on yellow")
         else:
             right.append(" ● watching ", "bold green")
         if self.load is not None:

@@ -134,6 +134,7 @@ class RemoteSource:
             xids=tuple(XidEvent.from_dict(x) for x in r["xids"]),
             xid_sources=tuple(r["xid_sources"]),
             paused=bool(r["paused"]),
+            waiting=int(r.get("waiting") or 0),
             phases=dict(r["phases"]),
         )
 

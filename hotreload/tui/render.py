@@ -90,7 +90,20 @@ def last_reload(outcomes: Sequence[ReloadOutcome], hms: Callable[[float], str]) 
     return Text(f"{hms(o.started_at)} FAILED in {o.phase or '?'}", "bold red")
 
 
-def model_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
+#: States a model passes through: the Models panel shows how long it has been in one.
+TRANSIENT_STATES = frozenset({"starting", "loading", "warming", "restarting"})
+
+
+def elapsed_text(since: float | None, now: float | None) -> str:
+    """` 12 s`: how long a waiting state has lasted, so a long load never looks stuck."""
+    if since is None or now is None or not since:
+        return ""
+    return f" {max(0.0, now - since):.0f} s"
+
+
+def model_rows(
+    state: DashboardState, hms: Callable[[float], str], now: float | None = None
+) -> tuple[tuple[Any, ...], ...]:
     sample = state.sample
     if sample is None:
         return ()
@@ -99,6 +112,8 @@ def model_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tupl
         name = m["name"]
         st = str(m.get("state"))
         label = Text(st, STATE_STYLES.get(st, ""))
+        if st in TRANSIENT_STATES:
+            label.append(elapsed_text(state.state_since.get(name), now), "yellow")
         phase = sample.phases.get(name)
         if phase and st != "loading":
             label.append(f" ({phase})", "yellow")
@@ -221,6 +236,15 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
         if cpus:
             line.append(f" on CPU {format_cpus(cpus['serving'])}", "dim")
         lines.append(line)
+        if not cpus and m.get("cpus_unpinned_short"):
+            lines.append(
+                Text(
+                    f" CPUs not pinned: {m['cpus_unpinned_short']}",
+                    "dim",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
+            )
         grown = state.growth(m)
         if grown is not None:
             delta, base = grown
@@ -245,16 +269,22 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
 # ---------------------------------------------------------------------- reloads
 
 
-def reload_rows(state: DashboardState, hms: Callable[[float], str]) -> tuple[tuple[Any, ...], ...]:
-    """Newest first; reloads running now on top."""
+def reload_rows(
+    state: DashboardState, hms: Callable[[float], str], now: float | None = None
+) -> tuple[tuple[Any, ...], ...]:
+    """Newest first; reloads running now on top, the running phase's time ticking."""
     sample = state.sample
     rows: list[tuple[Any, ...]] = []
     for live in sorted(state.live.values(), key=lambda r: -r.started_at):
+        running = f"running {live.phase or ''}".strip()
         rows.append(
             (
                 hms(live.started_at),
                 live.model,
-                Text(f"running {live.phase or ''}".strip() + "…", "bold yellow"),
+                Text(
+                    running + elapsed_text(live.phase_started_at or live.started_at, now) + "…",
+                    "bold yellow",
+                ),
                 "",
                 trigger_text(live),
                 "",
@@ -287,7 +317,7 @@ def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -
             t = Text(f"{start_error.get('model')} failed to start in ", "bold red")
             t.append(f"{start_error.get('phase') or 'start'}: {start_error.get('error')}")
             t.append("\nfix the file and save: the watcher tries again\n", "yellow")
-            t.append(str(start_error.get("traceback") or "").rstrip(), "dim")
+            t.append(user_traceback(str(start_error.get("traceback") or "")), "dim")
             return t
         return Text("no reload yet: edit a watched file, or press r", "dim")
     phases = " · ".join(f"{p} {s * 1000:.1f}" for p, s in o.phases.items())
@@ -303,6 +333,18 @@ def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -
     return t
 
 
+#: hotreload's installed package folder. Frames are hidden by this path, never by a folder
+#: name: a project cloned into a folder called `hotreload` keeps its own frames.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_hotreload_frame(filename: str) -> bool:
+    """Whether a traceback frame's file belongs to hotreload itself (or importlib)."""
+    if filename.startswith("<frozen importlib"):
+        return True
+    return os.path.isabs(filename) and os.path.normpath(filename).startswith(PACKAGE_DIR)
+
+
 def user_traceback(tb: str) -> str:
     """The traceback without hotreload's own frames: what is left points at the user's code."""
     lines = tb.rstrip().splitlines()
@@ -311,7 +353,7 @@ def user_traceback(tb: str) -> str:
     skipping = False
     for line in lines:
         if line.startswith('  File "'):
-            skipping = f"{os.sep}hotreload{os.sep}" in line.split('"')[1]
+            skipping = is_hotreload_frame(line.split('"')[1])
             hidden += skipping
         elif not line.startswith("    "):
             skipping = False

@@ -18,6 +18,7 @@ from hotreload.engine.reloader import ReloadOutcome
 from hotreload.gpu.readings import GpuDevice, GpuProcess, GpuSnapshot
 from hotreload.gpu.reset import ResetDecision, ResetResult
 from hotreload.gpu.xid_events import XidEvent, lookup
+from hotreload.tui.render import PACKAGE_DIR
 from hotreload.tui.source import Sample
 from hotreload.tui.state import DashboardState
 
@@ -173,7 +174,7 @@ def _reloads() -> tuple[ReloadOutcome, ...]:
     }
     tb = (
         "Traceback (most recent call last):\n"
-        '  File "hotreload/worker/loader.py", line 212, in build_version\n'
+        f'  File "{PACKAGE_DIR}worker/loader.py", line 212, in build_version\n'
         '  File "model.py", line 31\n'
         "    def build(:\n"
         "              ^\n"

@@ -53,6 +53,8 @@ class Sample:
     #: [{"name", "active", "reason"}] per Xid source.
     xid_sources: tuple[dict[str, Any], ...] = ()
     paused: bool = False
+    #: While paused: how many files differ from what is loaded (reloaded on resume).
+    waiting: int = 0
     #: model -> the reload phase running now.
     phases: dict[str, str] = field(default_factory=dict)
 

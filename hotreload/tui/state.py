@@ -24,6 +24,8 @@ class LiveReload:
     detail: str | None = None
     phase: str | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    #: When the running phase started (its elapsed time ticks in the Reloads panel).
+    phase_started_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class DashboardState:
         self.live: dict[str, LiveReload] = {}
         #: model -> the start_failed event (error and traceback of a failed first start).
         self.start_errors: dict[str, Event] = {}
+        #: model -> when it entered its current state (a "loading" shows how long so far).
+        self.state_since: dict[str, float] = {}
 
     def model(self, name: str | None) -> dict[str, Any] | None:
         if self.sample is None:
@@ -108,6 +112,8 @@ class DashboardState:
         kind, model = e.get("kind"), e.get("model")
         if not model:
             return
+        if kind == "state":
+            self.state_since[model] = float(e.get("ts", 0.0))
         if kind == "reload_requested" and model not in self.live:
             self.live[model] = LiveReload(
                 model, str(e.get("trigger") or "?"), float(e.get("ts", 0.0)), e.get("detail")
@@ -116,10 +122,13 @@ class DashboardState:
             # A follow-up reload queued behind another one starts without its own request.
             live = self.live.setdefault(model, LiveReload(model, "queued", float(e.get("ts", 0))))
             live.phase = e.get("phase")
+            live.phase_started_at = float(e.get("ts", 0.0))
         elif kind == "phase_end" and model in self.live:
             self.live[model].phases[str(e.get("phase"))] = float(e.get("duration_s") or 0.0)
         elif kind in ("reload_done", "reload_failed"):
             self.live.pop(model, None)
+            if kind == "reload_done":  # a cold start after a failed one ends as a reload
+                self.start_errors.pop(model, None)
         elif kind == "start_failed":
             self.start_errors[model] = e
         elif kind == "ready":
@@ -140,4 +149,5 @@ def activity(sample: Sample) -> tuple[Any, ...]:
         )
         for m in sample.models
     )
-    return (models, len(sample.reloads), len(sample.xids), sample.paused, tuple(sample.phases))
+    reloads, xids = len(sample.reloads), len(sample.xids)
+    return (models, reloads, xids, sample.paused, sample.waiting, tuple(sample.phases))

@@ -11,6 +11,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -222,6 +223,12 @@ def load_weights(model: Any, files: Sequence[str], device: torch.device) -> None
             else:
                 # weights_only: a checkpoint must never be able to run code on load.
                 part = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # torch's advice (allow-list globals, weights_only=False) cannot apply here.
+            raise LoadError(
+                f"weights file {path} holds a pickled object, not a state dict: save "
+                "`model.state_dict()` instead (torch.save(model.state_dict(), path))"
+            ) from None
         except Exception as exc:
             raise LoadError(f"cannot read weights file {path}: {exc}") from exc
         if isinstance(part, dict) and "state_dict" in part and isinstance(part["state_dict"], dict):

@@ -96,6 +96,17 @@ def test_xid_from_stdin() -> None:
     )
 
 
+def test_xid_says_when_a_log_has_no_xid_events(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "quiet.log"
+    log.write_text("kernel: eth0 up\nNVRM: loading NVIDIA UNIX x86_64 Kernel Module\n")
+    assert main(["xid", "--from", str(log)]) == 0
+    assert capsys.readouterr().out == f"no Xid events in {log}\n"
+    assert main(["xid", "--from", str(log), "--json"]) == 0
+    assert capsys.readouterr().out == ""  # JSON lines: one object per event, none here
+
+
 def test_xid_missing_file_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

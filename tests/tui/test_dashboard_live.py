@@ -31,7 +31,7 @@ from hotreload.tui.app import DashboardApp, build_app
 from hotreload.tui.dialogs import ResetDialog
 from hotreload.tui.remote import RemoteSource
 from hotreload.tui.widgets import Panel, RowsTable
-from tests.support import ServeProcess, kill_groups, wait_until
+from tests.support import ServeProcess, kill_groups, make_project, wait_until
 
 PANELS = ("#status", "#models", "#queue", "#latency", "#memory", "#reloads", "#detail", "#xids")
 
@@ -151,6 +151,52 @@ def test_broken_save_shows_the_error_while_the_old_version_serves(
 
     app = run_dashboard_test(watching.config, body)
     assert app.return_code == 0
+
+
+def test_a_failed_start_waits_for_the_fix_then_pause_shows_a_change_waiting(
+    tmp_path: Path, serve: ServeProcess.Factory
+) -> None:
+    config = make_project(tmp_path)
+    path = config.parent / "model.py"
+    good = path.read_text()
+    path.write_text(good + "\ndef build():\n    raise RuntimeError('not yet')\n")
+    # watch --no-tui waits for the fix, as the dashboard and `uvicorn --reload` do.
+    watch = serve(config, "--no-tui", command="watch", wait_ready=False)
+    watch.wait_for("could not start (see above): fix the file and save")
+    assert "not yet" in watch.output and watch.proc.poll() is None
+
+    source = RemoteSource(resolve_socket(config, None))
+    app = build_app(source, refresh_s=0.1, owner=False)
+
+    def header() -> str:
+        return app.query_one("#status").view.plain  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        try:
+            async with app.run_test(size=(120, 36)) as pilot:
+                await until(pilot, lambda: "start failed" in header(), "the start failure")
+                path.write_text(good)
+                await until(pilot, lambda: model(app).get("state") == "serving", "the fix")
+                # The header no longer says the start failed once the model came up.
+                await until(pilot, lambda: "start failed" not in header(), "a clear header")
+                assert "watching" in header()
+
+                await pilot.press("p")
+                await until(pilot, lambda: "PAUSED" in header(), "PAUSED")
+                path.write_text(good.replace("SCALE = 1.0", "SCALE = 2.0"))
+                await until(pilot, lambda: "1 change waiting" in header(), "1 change waiting")
+                assert model(app)["version"] == 1  # nothing reloads while paused
+                await pilot.press("p")
+                await until(pilot, lambda: model(app).get("version") == 2, "v2 after resume")
+                await pilot.press("q")
+                await until(pilot, lambda: app.return_code is not None, "the app to exit")
+        finally:
+            await source.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 100))
+    watch.wait_for("resumed: reloading 1 change made while paused")
+    with Client(config, timeout_s=10) as client:
+        assert client.call({"op": "dashboard"}).header["start_state"] == "started"
 
 
 def test_plain_mode_when_stdout_is_not_a_terminal(project: Path) -> None:

@@ -27,9 +27,11 @@ def test_sparkline_keeps_a_spike_when_squeezed() -> None:
 
 
 def test_traceback_hides_hotreload_frames() -> None:
+    from hotreload.tui.render import PACKAGE_DIR
+
     tb = (
         "Traceback (most recent call last):\n"
-        '  File "/x/hotreload/worker/loader.py", line 288, in build_version\n'
+        f'  File "{PACKAGE_DIR}worker/loader.py", line 288, in build_version\n'
         "    factory = resolve(spec)\n"
         '  File "/p/model.py", line 44\n'
         "    def broken(:\n"
@@ -37,6 +39,24 @@ def test_traceback_hides_hotreload_frames() -> None:
     )
     out = user_traceback(tb)
     assert "loader.py" not in out and "/p/model.py" in out and "1 hotreload frame" in out
+
+
+def test_a_project_in_a_folder_named_hotreload_keeps_its_frames(tmp_path) -> None:
+    """The README's own clone is a folder named hotreload: its model's frames must show."""
+    import traceback
+
+    model = tmp_path / "hotreload" / "examples" / "mlp" / "model.py"
+    model.parent.mkdir(parents=True)
+    model.write_text("def forward(x):\n    return undefined_name + x\n")
+    namespace: dict = {}
+    exec(compile(model.read_text(), str(model), "exec"), namespace)
+    try:
+        namespace["forward"](1)
+    except NameError:
+        tb = traceback.format_exc()
+    out = user_traceback(tb)
+    assert f'File "{model}", line 2, in forward' in out
+    assert "return undefined_name + x" in out and "hidden" not in out
 
 
 def test_no_gpu_reset_target_says_why() -> None:
@@ -107,3 +127,37 @@ def test_memory_panel_names_the_serving_workers_cpus() -> None:
     state.update(replace(samples[-1], models=({**m, "cpus": pinned},)))
     assert "RSS" in (text := memory_text(state, m["name"], 60).plain)
     assert "MiB on CPU 2-3" in text
+
+
+def test_memory_panel_says_why_cpus_auto_pinned_nothing() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.render import memory_text
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    (m,) = samples[-1].models
+    state = DashboardState()
+    why = {"cpus_unpinned": "`threads` is not set, ...", "cpus_unpinned_short": "threads unset"}
+    state.update(replace(samples[-1], models=({**m, "cpus": None, **why},)))
+    text = memory_text(state, m["name"], 34).plain  # the Memory panel's width at 80x24
+    assert " CPUs not pinned: threads unset" in text
+
+
+def test_a_running_phase_and_a_long_load_show_their_elapsed_time() -> None:
+    from dataclasses import replace
+
+    from hotreload.tui.render import model_rows, reload_rows
+    from hotreload.tui.state import DashboardState
+
+    samples, _ = cpu_scenario(steps=3)
+    (m,) = samples[-1].models
+    state = DashboardState()
+    state.update(replace(samples[-1], models=({**m, "state": "loading", "version": 0},)))
+    state.on_event({"kind": "state", "model": m["name"], "state": "loading", "ts": 100.0})
+    (row,) = model_rows(state, str, now=112.4)
+    assert str(row[2]) == "loading 12 s"
+    state.on_event({"kind": "reload_requested", "model": m["name"], "trigger": "file", "ts": 99})
+    state.on_event({"kind": "phase_start", "model": m["name"], "phase": "load", "ts": 100.0})
+    assert str(reload_rows(state, str, now=103.4)[0][2]) == "running load 3 s…"
+    assert str(reload_rows(state, str, now=109.6)[0][2]) == "running load 10 s…"
