@@ -76,7 +76,13 @@ def test_a_misspelt_factory_name_gets_a_suggestion_and_no_traceback_hint(
     tmp_path: Path,
 ) -> None:
     config = make_project(tmp_path)
+    # A file entry is checked before anything starts (a config error, exit 2)...
     config.write_text(config.read_text().replace('"model.py:build"', '"model.py:biuld"'))
+    out = run_check(config, "--reloads", "0")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "model.py has no 'biuld'; did you mean 'build'?" in out.stderr
+    # ...a module entry by the worker that imports it.
+    config.write_text(config.read_text().replace('"model.py:biuld"', '"model:biuld"'))
     out = run_check(config, "--reloads", "0")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "has no attribute 'biuld'; did you mean 'build'?" in out.stdout
