@@ -30,6 +30,7 @@ from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
 from hotreload.worker.placement import BuildPlacement
 from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
+from hotreload.worker.weights import output_digest
 
 _STOP = object()
 
@@ -258,8 +259,13 @@ class Worker:
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
         )
+        reply = {"id": h["id"], "ok": True, "outputs": sig}
+        if self.spec.get("weights"):
+            # The manager compares it across versions: a code edit whose output stays the same
+            # to the bit was overridden by the weights (reload_phases.py warns).
+            reply["output_digest"] = output_digest(loader.forward(mv, mv.example_form, mv.example))
         pacer.step_done()
-        self.send({"id": h["id"], "ok": True, "outputs": sig, "paused_s": pacer.paused_s})
+        self.send({**reply, "paused_s": pacer.paused_s})
 
     # ------------------------------------------------------------------ control (reader thread)
 
