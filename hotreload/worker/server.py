@@ -30,7 +30,7 @@ from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
 from hotreload.worker.placement import BuildPlacement
 from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
-from hotreload.worker.weights import output_digest
+from hotreload.worker.weights import example_digest
 
 _STOP = object()
 
@@ -263,7 +263,9 @@ class Worker:
         if self.spec.get("weights"):
             # The manager compares it across versions: a code edit whose output stays the same
             # to the bit was overridden by the weights (reload_phases.py warns).
-            reply["output_digest"] = output_digest(loader.forward(mv, mv.example_form, mv.example))
+            reply["output_digest"] = example_digest(
+                lambda: loader.forward(mv, mv.example_form, mv.example)
+            )
         pacer.step_done()
         self.send({**reply, "paused_s": pacer.paused_s})
 

@@ -73,7 +73,8 @@ def _pickle_globals(path: Path) -> list[str]:
                 data = next((n for n in zf.namelist() if n.endswith("/data.pkl")), None)
                 streams = [io.BytesIO(zf.read(data))] if data else []
         else:
-            # The legacy format: magic number, protocol, system info, then the object.
+            # The legacy format, four pickles in a row (magic number, protocol, system
+            # info, the object): one stream, read a pickle at a time.
             streams = [io.BytesIO(path.read_bytes())] * 4
         for stream in streams:
             for op, arg, _ in pickletools.genops(stream):
@@ -131,10 +132,6 @@ def _read(path: Path, root: str | None) -> dict[str, torch.Tensor]:
         raise LoadError(f"cannot read weights file {shown}: {exc}") from None
     if isinstance(part, dict) and isinstance(part.get("state_dict"), dict):
         part = part["state_dict"]
-    if isinstance(part, torch.nn.Module):  # defensive: weights_only never returns one today
-        raise LoadError(
-            f"weights file {shown} holds a whole module; save model.state_dict() instead"
-        )
     if not isinstance(part, dict):
         raise LoadError(f"weights file {shown} holds {type(part).__name__}, not a state dict")
     return part
@@ -304,9 +301,18 @@ def _check_tied_values(
 # ----------------------------------------------------------------------------- output digest
 
 
+def example_digest(run: Callable[[], Any]) -> str | None:
+    """A digest of what `run` (a forward on the example) returns, equal for two versions
+    exactly when they answered alike; None when it cannot be had. Advisory (it only decides
+    a warning), so it never fails a reload."""
+    try:
+        return output_digest(run())
+    except Exception:
+        return None
+
+
 def output_digest(value: Any) -> str:
-    """A digest of a model's output (tensors, nested dicts, tuples and lists, plain values):
-    equal for two versions exactly when they answered the example alike."""
+    """A digest of a model's output: tensors, nested dicts, tuples and lists, plain values."""
     h = hashlib.blake2b(digest_size=16)
 
     def feed(v: Any) -> None:
