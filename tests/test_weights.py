@@ -346,10 +346,13 @@ def example_input():
 """
 
 
-def test_a_code_edit_the_weights_override_is_warned_about_once(tmp_path: Path, serve) -> None:
-    config = project(
-        tmp_path, session_config("gain", 'weights = ["gain.safetensors"]'), {"model.py": GAIN}
-    )
+@pytest.mark.parametrize("strategy", ["inplace", "respawn"])
+def test_a_code_edit_the_weights_override_is_warned_about_once(
+    tmp_path: Path, serve, strategy: str
+) -> None:
+    # respawn: the new version is built in another process, so its output is compared there.
+    extra = ('weights = ["gain.safetensors"]', f'strategy = "{strategy}"')
+    config = project(tmp_path, session_config("gain", *extra), {"model.py": GAIN})
     model_py = config.parent / "model.py"
     save_model(in_process(model_py)["build"](), str(config.parent / "gain.safetensors"))
     session = serve(config, "--no-tui", command="watch")
