@@ -263,6 +263,20 @@ def test_a_torchscript_entry_is_served_and_reloaded_when_the_archive_is_saved(
         np.testing.assert_allclose(out, second(torch.from_numpy(x)).numpy(), rtol=1e-6)
 
 
+def test_a_torchscript_entry_is_watched_even_where_watch_names_other_folders(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "example.py").write_text(EXAMPLE)
+    save_script(Scaled(1.0), tmp_path / "model.pt")
+    path = tmp_path / "hotreload.toml"
+    text = SESSION.format(name="m", entry="model.pt", example="src/example.py:example_input")
+    path.write_text(text + 'watch = ["src"]\n')
+    m = load_config(path).models[0]
+    assert m.entry.torchscript and m.entry.file == (tmp_path / "model.pt").resolve()
+    assert m.watch == ((tmp_path / "src").resolve(), (tmp_path / "model.pt").resolve())
+
+
 def test_an_entry_naming_a_state_dict_file_is_refused_at_config_time(tmp_path: Path) -> None:
     (tmp_path / "model.py").write_text("def example_input():\n    return 0\n")
     torch.save(Scaled(1.0).state_dict(), tmp_path / "model.pt")
