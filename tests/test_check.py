@@ -98,7 +98,8 @@ def test_a_pickled_module_in_a_pt_file_says_to_save_the_state_dict(tmp_path: Pat
     config.write_text(config.read_text().replace("weights.safetensors", "weights.pt"))
     out = run_check(config, "--reloads", "0")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "holds a pickled object, not a state dict: save `model.state_dict()`" in out.stdout
+    assert "holds a pickled whole module (torch.save(model))" in out.stdout
+    assert "save its weights instead: torch.save(model.state_dict()" in out.stdout
     # torch's own advice (allow-lists, weights_only=False) cannot be followed here.
     assert "weights_only" not in out.stdout and "add_safe_globals" not in out.stdout
 
