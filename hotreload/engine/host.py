@@ -259,6 +259,12 @@ class ModelHost:
             await worker.stop(self.model.deadlines.stop_s)
             self.set_state("failed", error=str(exc))
             self.last_error = str(exc)
+            # Its requests are answered at once (the other models keep serving), until a
+            # reload brings it up (`open_gate` clears this).
+            self.router.unavailable_reason = (
+                f"model {self.name!r} failed to start ({exc.phase}: {exc}); fix it, then "
+                f"reload it (save it under `watch`, or `hotreload reload {self.name}`)"
+            )
             raise
         except BaseException:
             await worker.kill()  # cancelled (Ctrl-C during the first load)
