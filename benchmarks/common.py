@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +181,16 @@ class Server:
                 raise RuntimeError("server exited:\n" + "".join(self.lines))
             self.lines.append(line)
             if ready_text in line:
+                # Keep reading: a full pipe would block the server's next print (and with
+                # it its event loop) after a few hundred reloads' worth of lines.
+                threading.Thread(target=self._drain, daemon=True).start()
                 return
         raise RuntimeError("server not ready:\n" + "".join(self.lines))
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -317,6 +317,10 @@ class Worker:
             self.state = "unloaded"
         freed = max(0, before - loader.allocated_bytes(self.device))
         self.send({"id": frame.header["id"], "ok": True, "freed_bytes": freed})
+        if self.device.type == "cpu" and mv is not None:
+            # After the reply, off the reload's path: glibc keeps a dropped version's pages
+            # for reuse, and the worker's RSS would step up with every in-place reload.
+            return_free_heap()
 
     def op_retire(self, frame: Frame) -> None:
         """Drop every version and wait idle: this worker, retired after a respawn reload,
