@@ -22,6 +22,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.errors import did_you_mean
+from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
@@ -58,8 +59,9 @@ class ModelVersion:
     on_host: bool = False
     #: Keyword parameters a request may pass, and whether the call takes **kwargs.
     parameters: tuple[set[str], bool] = (set(), False)
-    #: Things to say once about this version (outputs left out of replies).
+    #: Things to say once about this version (outputs left out of replies, how it was built).
     notes: list[str] = field(default_factory=list)
+    build_notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -258,14 +260,22 @@ def build_version(
         factory = torchscript_factory(spec["entry"]) or resolve(spec["entry"], root)
         example_fn = resolve(spec["example"], root)
         step_done()
-        model = factory()
+        files = spec.get("weights") or []
+        build_notes: list[str] = []
+        if files and not spec["entry"].get("torchscript"):
+            # Every parameter comes from the files: no random initialization to overwrite.
+            model = build_without_init(factory, build_notes.append)
+        else:
+            model = factory()
         step_done()
         if not callable(model):
             raise LoadError(
                 f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
-        load_weights(model, spec.get("weights") or [], spec.get("weights_prefix"), root=str(root))
+        load_weights(
+            model, files, spec.get("weights_prefix"), root=str(root), assign=True, device=device
+        )
         step_done()
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
@@ -290,6 +300,7 @@ def build_version(
         stream=stream,
         input_signature=signature_in,
         parameters=accepted_parameters(model),
+        build_notes=build_notes,
     )
     mv.load_s = time.perf_counter() - started
     mv.footprint_bytes = max(0, allocated_bytes(device) - before)
@@ -355,7 +366,7 @@ def smoke(
     except SignatureError as exc:
         raise LoadError(f"smoke test: {exc}") from None
     note = dropped_note(dropped)
-    mv.notes = [note] if note else []
+    mv.notes = [*mv.build_notes, *([note] if note else [])]
     for name, t in outputs.items():
         if not isinstance(t, torch.Tensor):
             continue  # strings

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from hotreload.config_weights import is_torchscript_archive
+from hotreload.worker.fast_build import owned_tensors, retie
 from hotreload.worker.load_error import LoadError
 
 # ----------------------------------------------------------------------------- TorchScript
@@ -108,7 +109,7 @@ def _unpickling_refused(path: Path, shown: str, exc: Exception) -> LoadError:
     )
 
 
-def _read(path: Path, root: str | None) -> dict[str, torch.Tensor]:
+def _read(path: Path, root: str | None, device: str = "cpu") -> dict[str, torch.Tensor]:
     shown = os.path.relpath(path, root) if root else str(path)
     if not path.is_file():
         raise LoadError(f"weights file {path} does not exist")
@@ -122,10 +123,10 @@ def _read(path: Path, root: str | None) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            part: Any = load_file(str(path), device="cpu")
+            part: Any = load_file(str(path), device=device)
         else:
             # weights_only: a checkpoint must never be able to run code on load.
-            part = torch.load(path, map_location="cpu", weights_only=True)
+            part = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise _unpickling_refused(path, shown, exc) from None
     except Exception as exc:
@@ -222,9 +223,13 @@ def load_weights(
     prefix: Mapping[str, str] | None = None,
     *,
     root: str | None = None,
+    assign: bool = False,
+    device: torch.device | None = None,
 ) -> None:
     """Load the weights `files` into `model` strictly, tied parameters and `prefix` allowed
-    for. `root` (the project folder) shortens the paths in messages."""
+    for. `root` (the project folder) shortens the paths in messages. `assign`: the file's
+    tensors become the parameters (no copy; see fast_build.py). `device`: a CUDA device the
+    files are read straight onto (no host copy of the whole state)."""
     if not files:
         return
     if not isinstance(model, torch.nn.Module):
@@ -233,8 +238,9 @@ def load_weights(
             "not a torch.nn.Module; load the weights inside the factory or remove `weights`"
         )
     state: dict[str, torch.Tensor] = {}
+    target = str(device) if device is not None and device.type == "cuda" else "cpu"
     for name in files:
-        state.update(_read(Path(name), root))
+        state.update(_read(Path(name), root, target))
     mapping = apply_prefix(state, prefix)
     mapped = {mapping[k]: v for k, v in state.items()}
     module_keys = set(model.state_dict(keep_vars=True))
@@ -244,7 +250,11 @@ def load_weights(
         raise LoadError(_mismatch(missing, unexpected, list(state), module_keys, ties, prefix))
     _check_tied_values(mapped, ties)
     try:
-        model.load_state_dict(mapped, strict=False)
+        if assign:
+            model.load_state_dict(owned_tensors(model, mapped), strict=False, assign=True)
+            retie(model, ties, set(mapped))
+        else:
+            model.load_state_dict(mapped, strict=False)
     except RuntimeError as exc:  # size mismatches
         raise LoadError(
             f"weights do not match the model: {exc}; check that the weights file was saved "

@@ -1,0 +1,125 @@
+"""Building a module whose parameters a weights file is about to replace, without paying for
+their random initialization.
+
+`reset_parameters()` of torch's layers and Hugging Face's `_init_weights` fill every
+parameter through `torch.nn.init`; for a model of 1 GiB that is seconds of random numbers
+the file overwrites at once. While the factory runs for such a build, those functions
+leave the tensor as allocated (the same step Hugging Face's `no_init_weights` takes for
+`from_pretrained`). The weights then take the parameters' place
+(`load_state_dict(assign=True)`): the uninitialised blocks are freed untouched, and one
+copy of the file's tensors becomes the parameters. Buffers the module computes itself (a rotary
+`inv_freq`) are computed as usual: only `torch.nn.init` is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+#: The `torch.nn.init` functions layers initialise their parameters with.
+_INIT_NAMES = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "constant_",
+    "ones_",
+    "zeros_",
+    "eye_",
+    "dirac_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "orthogonal_",
+    "sparse_",
+)
+_LOCK = threading.Lock()
+
+
+def _leave(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    return tensor
+
+
+@contextlib.contextmanager
+def skipped_init() -> Iterator[None]:
+    """`torch.nn.init` leaves tensors as they are while the block runs (one build at a time;
+    inference never calls these, so the serving thread is unaffected)."""
+    with _LOCK:
+        saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES if hasattr(torch.nn.init, n)}
+        for name in saved:
+            setattr(torch.nn.init, name, _leave)
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.nn.init, name, fn)
+
+
+def build_without_init(factory: Callable[[], Any], note: Callable[[str], None]) -> Any:
+    """`factory()` with initialization skipped; when the factory cannot run that way, an
+    ordinary build, and `note` says why (once per version)."""
+    try:
+        with skipped_init():
+            return factory()
+    except Exception as exc:
+        model = factory()  # raises the user's own error when that is what it was
+        note(
+            f"build() failed with parameter initialization skipped ({type(exc).__name__}: "
+            f"{exc}); built it with initialization, as without weights (slower for large "
+            "models)"
+        )
+        return model
+
+
+def _owner(model: torch.nn.Module, key: str) -> tuple[torch.nn.Module, str]:
+    path, _, attr = key.rpartition(".")
+    return (model.get_submodule(path) if path else model), attr
+
+
+def retie(model: torch.nn.Module, ties: Mapping[str, frozenset[str]], loaded: set[str]) -> None:
+    """After an assigning load, every name of a tied group is one parameter again (the one
+    the file held): assigning gave the loaded names new tensors and left the rest behind."""
+    done: set[frozenset[str]] = set()
+    for group in ties.values():
+        if group in done:
+            continue
+        done.add(group)
+        source = sorted(group & loaded)
+        if not source:
+            continue
+        module, attr = _owner(model, source[0])
+        shared = module._parameters.get(attr)
+        if shared is None:
+            shared = module._buffers[attr]
+        for key in group - {source[0]}:
+            owner, name = _owner(model, key)
+            if name in owner._parameters:
+                owner._parameters[name] = shared  # type: ignore[assignment]
+            else:
+                owner._buffers[name] = shared
+
+
+def owned_tensors(
+    model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The file's tensors as memory of this process's own, in the dtype of the module's
+    (what copying into them did), ready to become its parameters.
+
+    A copy, on purpose: safetensors maps the file, and a parameter over the mapping would
+    die with SIGBUS (the whole serving worker) when the file is rewritten in place
+    (`open(path, "wb")`, as many save functions do) while the old version still serves."""
+    own = model.state_dict(keep_vars=True)
+    out = {}
+    for key, t in state.items():
+        mine = own.get(key)
+        if mine is not None and mine.dtype != t.dtype:
+            out[key] = t.to(mine.dtype)
+        elif t.device.type == "cpu":
+            out[key] = t.clone()
+        else:
+            out[key] = t  # read onto the GPU: device memory of its own already
+    return out
