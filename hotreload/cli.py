@@ -144,7 +144,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from hotreload.engine.serve import serve_main
+    from hotreload.commands.serve import serve_main
 
     return serve_main(args.config, http=args.http, metrics_port=args.metrics_port)
 
@@ -158,7 +158,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    from hotreload.engine.watch import watch_main
+    from hotreload.commands.watch import watch_main
 
     return watch_main(
         args.config, no_tui=args.no_tui, http=args.http, metrics_port=args.metrics_port

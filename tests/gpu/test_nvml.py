@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hotreload.gpu import nvml
-from hotreload.gpu.nvml import GpuSampler, GpuSnapshot, NvmlGateway
+from hotreload.gpu.nvml import GpuSnapshot, NvmlGateway
+from hotreload.gpu.sampler import GpuSampler
 from tests.support import wait_until
 
 if TYPE_CHECKING:

@@ -12,10 +12,27 @@ from typing import Any
 from hotreload.config import Config, load_config, with_cli_overrides
 from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
-from hotreload.engine.session import Session
+from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.preflight import preflight
+
+
+def http_front_ends(config: Config) -> list[FrontEndStarter]:
+    """The KServe v2 HTTP endpoint as a starter for `Session(front_ends=...)` when `[http]`
+    (or `--http`) enables it: the session opens it after its socket, before the models start,
+    so readiness is observable during warm-up, and closes it after the hosts drained."""
+    http = config.http
+    if not http.enabled:
+        return []
+
+    async def start(session: Session) -> FrontEnd:
+        # Imported here: aiohttp and the HTTP layer load only for a session that serves HTTP.
+        from hotreload.http import start_http
+
+        return await start_http(session, http.host, http.port, metrics_port=http.metrics_port)
+
+    return [start]
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
@@ -62,7 +79,7 @@ async def run_until_signal(
 
 
 async def _serve(config: Config) -> int:
-    session = Session(config)
+    session = Session(config, front_ends=http_front_ends(config))
     session.events.subscribe(PlainPrinter())
     return await run_until_signal(
         session.start,
