@@ -27,7 +27,7 @@ from hotreload.engine.signature import describe_dynamic, dims_of
 from hotreload.engine.stats import percentile
 from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exit_code_for
 from hotreload.paths import ensure_state_dir, write_private_file
 from hotreload.preflight import preflight
 from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
@@ -182,7 +182,7 @@ class ModelCheck:
             try:
                 await session.start()
             except BringUpError as exc:
-                if exc.phase == "start":
+                if exit_code_for(exc) == EXIT_ENVIRONMENT:  # its worker could not start
                     self.report.environment_error = str(exc)
                 raise CheckFailed(
                     f"{exc.phase} failed: {exc}",
@@ -491,7 +491,7 @@ def check_main(
         preflight(config, models)
     except ConfigError as exc:
         print(f"hotreload check: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_code_for(exc)
     if reloads is not None and reloads < 0:
         print("hotreload check: --reloads must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
@@ -510,10 +510,10 @@ def check_main(
     except ConfigError as exc:  # checked against this machine at start (`cpus`)
         where = "" if exc.path else f"{config.path}: "
         print(f"hotreload check: config error: {where}{exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_code_for(exc)
     except HotreloadError as exc:
         print(f"hotreload check: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+        return exit_code_for(exc)
     total = time.monotonic() - t0
     devices = {r.device for r in reports if r.device}
     note = None

@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hotreload.exitcodes import EXIT_USAGE
+from hotreload.errors import HotreloadError
+from hotreload.exitcodes import EXIT_USAGE, exit_code_for
 
 
 def _add_config_arg(parser: argparse.ArgumentParser) -> None:
@@ -195,7 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except HotreloadError as exc:
+        # A command maps the errors it expects itself; one that escapes still ends in its
+        # message and its documented code, not a traceback.
+        print(f"hotreload: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,7 @@ from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_OK, exit_code_for
 from hotreload.preflight import preflight
 
 
@@ -67,8 +67,9 @@ async def run_until_signal(
         except BringUpError as exc:
             # The event printer already showed the error and traceback. A worker process
             # that could not start (no such device, no CUDA build) is the environment's
-            # doing, as `hotreload check` says too; a model that failed to build is not.
-            return EXIT_ENVIRONMENT if exc.phase == "start" else EXIT_FAILURE
+            # doing (exit 3), as `hotreload check` says too; a model that failed to build
+            # is not (exit 1).
+            return exit_code_for(exc)
         print(banner(), flush=True)
         await stopping.wait()
         print("stopping: draining requests and stopping workers...", flush=True)
@@ -98,16 +99,16 @@ def run_with_config(
         preflight(config)  # before any start-up work: exits 2 at once, not after a worker
     except ConfigError as exc:
         print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_code_for(exc)
     try:
         return run(config)
     except ConfigError as exc:  # checked against this machine at start (`cpus`)
         where = "" if exc.path else f"{config.path}: "
         print(f"hotreload: config error: {where}{exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_code_for(exc)
     except HotreloadError as exc:
         print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+        return exit_code_for(exc)
 
 
 def serve_main(config_path: str | None, **overrides: Any) -> int:
