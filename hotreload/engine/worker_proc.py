@@ -32,9 +32,8 @@ from hotreload.engine.memory_limits import (
 from hotreload.errors import HotreloadError
 from hotreload.protocol.frame_protocol import FrameProtocol
 from hotreload.protocol.framing import Frame, pack_frame
+from hotreload.worker.launch import FD_ENV, SPEC_ENV
 
-SPEC_ENV = "HOTRELOAD_WORKER_SPEC"
-FD_ENV = "HOTRELOAD_WORKER_FD"
 #: How often a worker's RSS and the machine's OOM-kill count are read, so a kill by the
 #: kernel's OOM killer can be told apart from another SIGKILL and its last RSS named.
 MEMORY_SAMPLE_S = 0.5
