@@ -25,7 +25,7 @@ from hotreload.engine.host import BringUpError
 from hotreload.engine.session import Session
 from hotreload.engine.signature import describe_dynamic, dims_of
 from hotreload.engine.stats import percentile
-from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, exit_code_for
 from hotreload.paths import ensure_state_dir, write_private_file
@@ -306,7 +306,7 @@ class ModelCheck:
         worker = host.worker
         if worker is None:
             return {}
-        return await worker.request("status", 30.0, collect=True)
+        return await worker.request(WorkerOp.STATUS, 30.0, collect=True)
 
     async def _burst(self, host: Any) -> tuple[str, dict[str, Any], None]:
         n = self.config.check.burst_requests

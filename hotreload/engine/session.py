@@ -22,6 +22,7 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
+from hotreload.engine.worker_proc import WorkerOp
 from hotreload.errors import BadRequestError
 from hotreload.paths import (
     ensure_state_dir,
@@ -329,7 +330,10 @@ class Session:
             raise BadRequestError(f"model {host.name!r} has no running worker to warm")
         self.events.emit("rewarm_started", model=host.name)
         r = await host.worker.request(
-            "warm", host.model.deadlines.warm_s, target="current", iters=host.model.warmup_iters
+            WorkerOp.WARM,
+            host.model.deadlines.warm_s,
+            target="current",
+            iters=host.model.warmup_iters,
         )
         self.events.emit(
             "rewarm_done", model=host.name, warm_s=r["warm_s"], passes_ms=r["passes_ms"]
