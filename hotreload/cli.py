@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hotreload.errors import HotreloadError
-from hotreload.exitcodes import EXIT_USAGE, exit_code_for
+from hotreload.exitcodes import EXIT_USAGE, error_exit
 
 
 def _add_config_arg(parser: argparse.ArgumentParser) -> None:
@@ -201,8 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HotreloadError as exc:
         # A command maps the errors it expects itself; one that escapes still ends in its
         # message and its documented code, not a traceback.
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return exit_code_for(exc)
+        return error_exit("hotreload", exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,9 @@ the one mapping from the error that ended a command to its code."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from hotreload.errors import (
     BadRequestError,
     ClientError,
@@ -54,3 +57,18 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(phase, str):
         return EXIT_ENVIRONMENT if phase in ENVIRONMENT_PHASES else EXIT_FAILURE
     return EXIT_FAILURE
+
+
+def error_exit(prog: str, exc: HotreloadError, config_path: Path | None = None) -> int:
+    """Print the line that says why `prog` ends with `exc` (on stderr); its exit code.
+
+    A config error names its file, or else `config_path`: a check made against this machine
+    at start (`cpus`) has no file of its own to name.
+    """
+    if isinstance(exc, ConfigError):
+        where = f"{config_path}: " if config_path is not None and not exc.path else ""
+        message = f"config error: {where}{exc}"
+    else:
+        message = str(exc)
+    print(f"{prog}: {message}", file=sys.stderr)
+    return exit_code_for(exc)

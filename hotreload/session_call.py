@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from hotreload.client import Client
 from hotreload.errors import ClientError, ConfigError
-from hotreload.exitcodes import exit_code_for
+from hotreload.exitcodes import error_exit, exit_code_for
 
 T = TypeVar("T")
 
@@ -20,12 +20,8 @@ def call_session(
     """(result, None) on success, else (None, exit code) after printing why."""
     try:
         return call(Client(config, timeout_s=timeout_s)), None
-    except (ConfigError, ClientError, TimeoutError) as exc:
-        if isinstance(exc, ConfigError):
-            message = f"config error: {exc}"
-        elif isinstance(exc, ClientError):
-            message = str(exc)
-        else:
-            message = f"the session did not answer within {timeout_s:g} s"
-        print(f"hotreload: {message}", file=sys.stderr)
+    except (ConfigError, ClientError) as exc:
+        return None, error_exit("hotreload", exc)
+    except TimeoutError as exc:
+        print(f"hotreload: the session did not answer within {timeout_s:g} s", file=sys.stderr)
         return None, exit_code_for(exc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hotreload.engine.host import BringUpError
@@ -19,6 +21,7 @@ from hotreload.exitcodes import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    error_exit,
     exit_code_for,
 )
 
@@ -57,3 +60,21 @@ def test_the_cli_ends_an_escaped_error_in_its_message_and_code(
     monkeypatch.setattr(status_cmd, "status_main", status_main)
     assert cli.main(["status"]) == EXIT_ENVIRONMENT
     assert "hotreload: the state folder .hotreload is not yours" in capsys.readouterr().err
+
+
+def test_error_exit_says_why_and_names_the_config_a_machine_check_has_no_file_of(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "hotreload.toml"
+    cpus = ConfigError("CPU 9 is not one this process may use", key="models[0].cpus")
+    assert error_exit("hotreload check", cpus, config) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"hotreload check: config error: {config}: models[0].cpus: CPU 9 is not one this "
+        "process may use\n"
+    )
+    own = ConfigError("unknown key", path="other.toml", key="watch.quiet")
+    assert error_exit("hotreload", own, config) == EXIT_USAGE
+    said = capsys.readouterr().err
+    assert said == "hotreload: config error: other.toml: watch.quiet: unknown key\n"
+    assert error_exit("hotreload", HotreloadError("the socket is in use")) == EXIT_ENVIRONMENT
+    assert capsys.readouterr().err == "hotreload: the socket is in use\n"

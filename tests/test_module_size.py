@@ -19,11 +19,6 @@ ALLOWED_OVER: dict[str, tuple[int, str]] = {
         "one model's state and its bring-up; splits with the per-model supervisor "
         "(issue 17, engine/model/)",
     ),
-    "check.py": (
-        531,
-        "`hotreload check`: the steps and their report; splits when the commands move "
-        "into hotreload/commands/ (issue 17)",
-    ),
 }
 
 

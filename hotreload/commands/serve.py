@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_OK, exit_code_for
+from hotreload.exitcodes import EXIT_OK, error_exit, exit_code_for
 from hotreload.preflight import preflight
 
 
@@ -98,17 +97,11 @@ def run_with_config(
         config = with_cli_overrides(load_config(config_path), **overrides)
         preflight(config)  # before any start-up work: exits 2 at once, not after a worker
     except ConfigError as exc:
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return exit_code_for(exc)
+        return error_exit("hotreload", exc)
     try:
         return run(config)
-    except ConfigError as exc:  # checked against this machine at start (`cpus`)
-        where = "" if exc.path else f"{config.path}: "
-        print(f"hotreload: config error: {where}{exc}", file=sys.stderr)
-        return exit_code_for(exc)
-    except HotreloadError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return exit_code_for(exc)
+    except HotreloadError as exc:  # a ConfigError here was checked against this machine
+        return error_exit("hotreload", exc, config.path)
 
 
 def serve_main(config_path: str | None, **overrides: Any) -> int:

@@ -28,6 +28,13 @@ class Checker:
                 allowed = ", ".join(known)
                 self.fail(self.sub(name), f"unknown key{suggestion} (known keys here: {allowed})")
 
+    def subtable(self, name: str, known: tuple[str, ...]) -> Checker:
+        """A checker for the sub-table `name` of this one (absent: read as empty), whose keys
+        must be among `known`."""
+        return Checker(
+            self.get(name, dict, {}, "a table"), path=self.path, key=self.sub(name), known=known
+        )
+
     def sub(self, name: str) -> str:
         return f"{self.key}.{name}" if self.key else name
 

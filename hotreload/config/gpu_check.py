@@ -27,12 +27,7 @@ class CheckConfig:
 
 def parse_gpu(top: Checker) -> GpuConfig:
     """`[gpu]` from the top-level table (every key optional)."""
-    g = Checker(
-        top.get("gpu", dict, {}, "a table"),
-        path=top.path,
-        key=top.sub("gpu"),
-        known=tuple(GpuConfig.__dataclass_fields__),
-    )
+    g = top.subtable("gpu", tuple(GpuConfig.__dataclass_fields__))
     return GpuConfig(
         reset=g.choice("reset", "never", RESET_MODES),
         sample_interval_ms=g.integer("sample_interval_ms", 500, minimum=50, maximum=60_000),
@@ -41,12 +36,7 @@ def parse_gpu(top: Checker) -> GpuConfig:
 
 def parse_check(top: Checker) -> CheckConfig:
     """`[check]` from the top-level table (every key optional)."""
-    c = Checker(
-        top.get("check", dict, {}, "a table"),
-        path=top.path,
-        key=top.sub("check"),
-        known=tuple(CheckConfig.__dataclass_fields__),
-    )
+    c = top.subtable("check", tuple(CheckConfig.__dataclass_fields__))
     return CheckConfig(
         reloads=c.integer("reloads", 3, minimum=0, maximum=1000),
         leak_threshold_mib=c.number("leak_threshold_mib", 64.0, minimum=0.0) or 0.0,

@@ -27,12 +27,7 @@ class HttpConfig:
 
 def parse_http(top: Checker) -> HttpConfig:
     """`[http]` from the top-level table (every key optional)."""
-    h = Checker(
-        top.get("http", dict, {}, "a table"),
-        path=top.path,
-        key=top.sub("http"),
-        known=tuple(HttpConfig.__dataclass_fields__),
-    )
+    h = top.subtable("http", tuple(HttpConfig.__dataclass_fields__))
     return HttpConfig(
         enabled=h.get("enabled", bool, False, "true or false"),
         host=h.get("host", str, "127.0.0.1", "a host name or address"),

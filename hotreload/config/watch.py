@@ -22,12 +22,7 @@ class WatchConfig:
 
 def parse_watch(top: Checker) -> WatchConfig:
     """`[watch]` from the top-level table (every key optional)."""
-    w = Checker(
-        top.get("watch", dict, {}, "a table"),
-        path=top.path,
-        key=top.sub("watch"),
-        known=tuple(WatchConfig.__dataclass_fields__),
-    )
+    w = top.subtable("watch", tuple(WatchConfig.__dataclass_fields__))
     quiet_ms = w.integer("quiet_ms", 100, minimum=0, maximum=60_000)
     max_wait_ms = w.integer("max_wait_ms", 1500, minimum=0, maximum=600_000)
     if max_wait_ms < quiet_ms:
