@@ -9,57 +9,38 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from hotreload.check_progress import LiveProgress
-from hotreload.colour import paint, wants_colour
+from hotreload.check_results import ModelReport, Step, format_report, format_step, report_json
+from hotreload.colour import wants_colour
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import BringUpError
 from hotreload.engine.session import Session
 from hotreload.engine.signature import describe_dynamic, stand_in_inputs
 from hotreload.engine.stats import percentile
-from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    error_exit,
+    exit_code_for,
+)
 from hotreload.paths import ensure_state_dir, write_private_file
 from hotreload.preflight import preflight
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
 MIB = 2**20
 RECORD_FILE = "check-record.json"
-
-
-@dataclass
-class Step:
-    name: str
-    ok: bool
-    seconds: float
-    detail: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)
-    #: For a failure: what to look at.
-    hint: str | None = None
-    traceback: str | None = None
-
-
-@dataclass
-class ModelReport:
-    model: str
-    device: str = ""
-    policy: str = ""
-    strategy: str = ""
-    steps: list[Step] = field(default_factory=list)
-    environment_error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.environment_error is None and all(s.ok for s in self.steps)
 
 
 class CheckFailed(Exception):
@@ -167,7 +148,7 @@ class ModelCheck:
             try:
                 await session.start()
             except BringUpError as exc:
-                if exc.phase == "start":
+                if exit_code_for(exc) == EXIT_ENVIRONMENT:  # its worker could not start
                     self.report.environment_error = str(exc)
                 raise CheckFailed(
                     f"{exc.phase} failed: {exc}",
@@ -291,7 +272,7 @@ class ModelCheck:
         worker = host.worker
         if worker is None:
             return {}
-        return await worker.request("status", 30.0, collect=True)
+        return await worker.request(WorkerOp.STATUS, 30.0, collect=True)
 
     async def _burst(self, host: Any) -> tuple[str, dict[str, Any], None]:
         n = self.config.check.burst_requests
@@ -374,81 +355,6 @@ def _hint_for(phase: str | None, traceback: str | None) -> str:
     return hint + (_see_traceback(traceback) if phase in ("load", "warm") else "")
 
 
-# ----------------------------------------------------------------------------- output
-
-
-def format_step(s: Step, colour: bool = False) -> list[str]:
-    """A step's result line, and for a failure what to look at and the traceback."""
-    mark = paint("ok  ", "green", colour) if s.ok else paint("FAIL", "bold red", colour)
-    lines = [f"  {mark} {s.name:<10} {s.seconds * 1000:8.0f} ms  {s.detail}"]
-    if not s.ok:
-        if s.hint:
-            lines.append(f"       look at: {s.hint}")
-        if s.traceback:
-            lines.extend("       " + t for t in s.traceback.rstrip().splitlines()[-12:])
-    return lines
-
-
-def format_report(
-    reports: list[ModelReport],
-    total_s: float,
-    cpu_note: str | None,
-    colour: bool = False,
-    steps: bool = True,
-) -> str:
-    """The text report; without `steps` only the note and the verdict (a terminal saw the
-    steps as they ran)."""
-    lines = []
-    if cpu_note:
-        lines.append(cpu_note)
-    for r in reports if steps else ():
-        where = f" on {r.device}" if r.device else ""
-        lines.append(f"{r.model}{where} ({r.policy}, {r.strategy})")
-        for s in r.steps:
-            lines.extend(format_step(s, colour))
-    passed = all(r.ok for r in reports)
-    verdict = paint("PASS", "green", colour) if passed else paint("FAIL", "bold red", colour)
-    failed = [r.model for r in reports if not r.ok]
-    tail = "" if passed else f": {', '.join(failed)}"
-    lines.append(f"hotreload check: {verdict}{tail} ({total_s:.1f} s)")
-    return "\n".join(lines)
-
-
-def report_json(reports: list[ModelReport], total_s: float, cpu_note: str | None) -> str:
-    def finite(v: Any) -> Any:
-        return None if isinstance(v, float) and not math.isfinite(v) else v
-
-    doc = {
-        "ok": all(r.ok for r in reports),
-        "total_s": total_s,
-        "note": cpu_note,
-        "models": [
-            {
-                "model": r.model,
-                "ok": r.ok,
-                "device": r.device,
-                "policy": r.policy,
-                "strategy": r.strategy,
-                "environment_error": r.environment_error,
-                "steps": [
-                    {
-                        "name": s.name,
-                        "ok": s.ok,
-                        "seconds": s.seconds,
-                        "detail": s.detail,
-                        "figures": {k: finite(v) for k, v in s.figures.items()},
-                        "hint": s.hint,
-                        "traceback": s.traceback,
-                    }
-                    for s in r.steps
-                ],
-            }
-            for r in reports
-        ],
-    }
-    return json.dumps(doc, indent=2)
-
-
 async def _check(
     config: Config,
     models: list[ModelConfig],
@@ -475,8 +381,7 @@ def check_main(
         models = [config.model(model)] if model else list(config.models)
         preflight(config, models)
     except ConfigError as exc:
-        print(f"hotreload check: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error_exit("hotreload check", exc)
     if reloads is not None and reloads < 0:
         print("hotreload check: --reloads must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
@@ -492,13 +397,8 @@ def check_main(
     t0 = time.monotonic()
     try:
         reports = asyncio.run(_check(config, models, n, budget, progress))
-    except ConfigError as exc:  # checked against this machine at start (`cpus`)
-        where = "" if exc.path else f"{config.path}: "
-        print(f"hotreload check: config error: {where}{exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except HotreloadError as exc:
-        print(f"hotreload check: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+    except HotreloadError as exc:  # a ConfigError here was checked against this machine
+        return error_exit("hotreload check", exc, config.path)
     total = time.monotonic() - t0
     devices = {r.device for r in reports if r.device}
     note = None

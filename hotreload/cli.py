@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hotreload.exitcodes import EXIT_USAGE
+from hotreload.errors import HotreloadError
+from hotreload.exitcodes import EXIT_USAGE, error_exit
 
 
 def _add_config_arg(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +145,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from hotreload.engine.serve import serve_main
+    from hotreload.commands.serve import serve_main
 
     return serve_main(args.config, http=args.http, metrics_port=args.metrics_port)
 
@@ -158,7 +159,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    from hotreload.engine.watch import watch_main
+    from hotreload.commands.watch import watch_main
 
     return watch_main(
         args.config, no_tui=args.no_tui, http=args.http, metrics_port=args.metrics_port
@@ -195,7 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except HotreloadError as exc:
+        # A command maps the errors it expects itself; one that escapes still ends in its
+        # message and its documented code, not a traceback.
+        return error_exit("hotreload", exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

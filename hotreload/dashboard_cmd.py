@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from hotreload.errors import ConfigError
-from hotreload.exitcodes import EXIT_USAGE
+from hotreload.exitcodes import EXIT_USAGE, error_exit
 
 
 def dashboard_main(config: str | None, socket_path: str | None, *, owner: bool = False) -> int:
@@ -21,8 +21,7 @@ def dashboard_main(config: str | None, socket_path: str | None, *, owner: bool =
     try:
         path = resolve_socket(config, socket_path)
     except ConfigError as exc:
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error_exit("hotreload", exc)
     # Imported here: every other command stays free of textual.
     from hotreload.tui import run_dashboard
 

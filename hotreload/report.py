@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.engine.stats_log import STATS_FILE
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, error_exit
 
 #: Colours the page draws with (the Chromium test looks for some of them in the picture).
 PHASE_COLOURS = {
@@ -328,8 +328,7 @@ def report_main(config_path: str | None, html_out: str | None) -> int:
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        print(f"hotreload report: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error_exit("hotreload report", exc)
     state_dir = config.state_dir
     if not (state_dir / "events.jsonl").is_file():
         print(

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hotreload.client import Client
-from hotreload.errors import BadRequestError, ClientError, ConfigError, NoServerError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_USAGE
+from hotreload.errors import ClientError, ConfigError
+from hotreload.exitcodes import error_exit, exit_code_for
 
 T = TypeVar("T")
 
@@ -18,18 +18,10 @@ def call_session(
     config: str | None, call: Callable[[Client], T], *, timeout_s: float | None
 ) -> tuple[T | None, int | None]:
     """(result, None) on success, else (None, exit code) after printing why."""
-    problem: tuple[str, int]
     try:
         return call(Client(config, timeout_s=timeout_s)), None
-    except ConfigError as exc:
-        problem = (f"config error: {exc}", EXIT_USAGE)
-    except NoServerError as exc:
-        problem = (str(exc), EXIT_ENVIRONMENT)
-    except BadRequestError as exc:
-        problem = (str(exc), EXIT_USAGE)
-    except ClientError as exc:
-        problem = (str(exc), EXIT_FAILURE)
-    except TimeoutError:
-        problem = (f"the session did not answer within {timeout_s:g} s", EXIT_FAILURE)
-    print(f"hotreload: {problem[0]}", file=sys.stderr)
-    return None, problem[1]
+    except (ConfigError, ClientError) as exc:
+        return None, error_exit("hotreload", exc)
+    except TimeoutError as exc:
+        print(f"hotreload: the session did not answer within {timeout_s:g} s", file=sys.stderr)
+        return None, exit_code_for(exc)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): set up .venv if needed, lint, run the test suite on CPU.
+# The test command (README, .ci/run): set up .venv if needed, lint (ruff, then the import
+# contracts of pyproject.toml), run the test suite on CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/setup-chromium.sh   # for the report picture test; skipped where it cannot install
 .venv/bin/ruff check hotreload tests benchmarks examples
+.venv/bin/lint-imports --no-cache   # [tool.importlinter] in pyproject.toml
 .venv/bin/python -m pytest "$@"

@@ -13,13 +13,13 @@ HEAVY = ("torch", "textual", "pynvml")
 @pytest.mark.parametrize(
     "modules",
     [
-        "hotreload.engine.session, hotreload.engine.serve, hotreload.engine.host",
+        "hotreload.engine.session, hotreload.commands.serve, hotreload.engine.host",
         "hotreload.engine.router, hotreload.engine.endpoint, hotreload.engine.worker_proc",
         "hotreload.client, hotreload.cli, hotreload.status_cmd, hotreload.reload_cmd",
         "hotreload.session_call, hotreload.check, hotreload.engine.reload_phases",
-        "hotreload.engine.reloader, hotreload.engine.watcher, hotreload.engine.watch",
+        "hotreload.engine.reloader, hotreload.engine.watcher, hotreload.commands.watch",
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
-        "hotreload.engine.dashboard_ops, hotreload.engine.watch_dashboard",
+        "hotreload.commands.dashboard_ops, hotreload.commands.watch_dashboard",
         "hotreload.dashboard_cmd, hotreload.protocol.frame_protocol",
     ],
 )
@@ -56,3 +56,31 @@ def test_only_the_worker_imports_torch_at_module_level() -> None:
             if stripped.startswith(("import pynvml", "from pynvml")) and not rel.startswith("gpu/"):
                 offenders.append(rel)
     assert offenders == []
+
+
+def test_the_only_x_imports_y_contracts_name_every_module() -> None:
+    """The "only hotreload.worker imports torch" contracts (pyproject.toml, checked by
+    `lint-imports`) list every other module by name: a new module must join those lists."""
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    children = {
+        f"hotreload.{p.stem}"
+        for p in (repo / "hotreload").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
+    contracts = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+    allowed = {"torch": "hotreload.worker", "pynvml": "hotreload.gpu", "textual": "hotreload.tui"}
+    checked = set()
+    for contract in contracts:
+        forbidden = contract.get("forbidden_modules", [])
+        if contract["type"] == "forbidden" and forbidden[0] in allowed:
+            owner = allowed[forbidden[0]]
+            missing = children - {owner} - set(contract["source_modules"])
+            assert missing == set(), f"{contract['name']}: add {sorted(missing)}"
+            assert owner not in contract["source_modules"]
+            checked.add(forbidden[0])
+    assert checked == set(allowed)

@@ -22,7 +22,7 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.signature import describe_dynamic
 from hotreload.engine.snapshots import Snapshot, code_paths
-from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 from hotreload.errors import WorkerUnavailableError
 
 #: States shown to users (status, dashboard).
@@ -218,24 +218,24 @@ class ModelHost:
         info = VersionInfo(version=version)
         try:
             phase = "load"
-            r = await worker.request("load", d.load_s, version=version, reimport=reimport)
+            r = await worker.request(WorkerOp.LOAD, d.load_s, version=version, reimport=reimport)
             info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
             info.input_form, info.inputs = r["input_form"], r["inputs"]
             phase = "warm"
             if self.state == "loading":
                 self.set_state("warming")
             r = await worker.request(
-                "warm", d.warm_s, target="staged", iters=self.model.warmup_iters
+                WorkerOp.WARM, d.warm_s, target="staged", iters=self.model.warmup_iters
             )
             info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
             phase = "smoke"
             r = await worker.request(
-                "smoke", d.smoke_s, target="staged", previous_outputs=previous_outputs
+                WorkerOp.SMOKE, d.smoke_s, target="staged", previous_outputs=previous_outputs
             )
             info.outputs, info.output_digest = r["outputs"], r.get("output_digest")
             self.note(r.get("notes"))
             phase = "swap"
-            await worker.request("swap", d.smoke_s)
+            await worker.request(WorkerOp.SWAP, d.smoke_s)
         except WorkerReplyError as exc:
             raise BringUpError(phase, str(exc), exc.remote_traceback) from exc
         except TimeoutError:
@@ -462,7 +462,7 @@ class ModelHost:
         if max_age_s and time.monotonic() - self._worker_status_at < max_age_s:
             return self.last_worker_status
         try:
-            self.last_worker_status = await worker.request("status", timeout_s)
+            self.last_worker_status = await worker.request(WorkerOp.STATUS, timeout_s)
             self._worker_status_at = time.monotonic()
         except (TimeoutError, WorkerDied, WorkerReplyError):
             pass

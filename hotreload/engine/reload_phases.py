@@ -20,7 +20,7 @@ from hotreload.engine.host import ModelHost, VersionInfo
 from hotreload.engine.memory_limits import cgroup_memory
 from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.snapshots import code_paths
-from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 
 T = TypeVar("T")
 MIB = 2**20
@@ -145,7 +145,7 @@ class ReloadPhases:
 
         async def load() -> dict[str, Any]:
             fields = self._load_fields(job, worker)
-            r = await worker.request("load", None, version=version, **fields, **pace())
+            r = await worker.request(WorkerOp.LOAD, None, version=version, **fields, **pace())
             info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
             info.inputs, info.input_form = r["inputs"], r["input_form"]
             what = (
@@ -158,7 +158,7 @@ class ReloadPhases:
 
         async def warm() -> dict[str, Any]:
             r = await worker.request(
-                "warm", None, target="staged", iters=self.host.model.warmup_iters, **pace()
+                WorkerOp.WARM, None, target="staged", iters=self.host.model.warmup_iters, **pace()
             )
             info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
             passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
@@ -166,7 +166,7 @@ class ReloadPhases:
 
         async def smoke() -> dict[str, Any]:
             r = await worker.request(
-                "smoke", None, target="staged", previous_outputs=previous, **pace()
+                WorkerOp.SMOKE, None, target="staged", previous_outputs=previous, **pace()
             )
             info.outputs, info.output_digest = r["outputs"], r.get("output_digest")
             self.host.note(r.get("notes"))
@@ -234,7 +234,9 @@ class ReloadPhases:
     async def _sync_streams(self, worker: WorkerProcess) -> dict[str, Any]:
         """Wait, to the sync deadline, for the serving version's streams on `worker`."""
         d = self.host.model.deadlines
-        r = await worker.request("sync", d.sync_s + 5.0, which="current", deadline_s=d.sync_s)
+        r = await worker.request(
+            WorkerOp.SYNC, d.sync_s + 5.0, which="current", deadline_s=d.sync_s
+        )
         if r.get("skipped"):
             return {"skipped": True, "reason": r.get("reason")}
         if not r.get("idle"):
@@ -261,12 +263,12 @@ class ReloadPhases:
             info = await self._load_warm_smoke(worker, version, job, outcome, cold=False)
         except PhaseFailed:
             with contextlib.suppress(Exception):
-                await worker.request("release", 30.0, which="staged")
+                await worker.request(WorkerOp.RELEASE, 30.0, which="staged")
             raise
         await self._inband_swap(worker, info, outcome)
 
         async def release() -> dict[str, Any]:
-            r = await worker.request("release", host.model.deadlines.stop_s, which="retired")
+            r = await worker.request(WorkerOp.RELEASE, host.model.deadlines.stop_s, which="retired")
             return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
 
         await self._phase("release", outcome, release)
@@ -292,7 +294,7 @@ class ReloadPhases:
             try:
                 reply.update(
                     await asyncio.wait_for(
-                        worker.request("swap", None, inband=True, sync_deadline_s=d.sync_s),
+                        worker.request(WorkerOp.SWAP, None, inband=True, sync_deadline_s=d.sync_s),
                         d.drain_wait_s + d.sync_s,
                     )
                 )
@@ -330,7 +332,7 @@ class ReloadPhases:
         if the new one fails."""
 
         async def release() -> dict[str, Any]:
-            await worker.request("offload", self.host.model.deadlines.stop_s)
+            await worker.request(WorkerOp.OFFLOAD, self.host.model.deadlines.stop_s)
             return {"detail": "old version moved to host memory (kept to restore on failure)"}
 
         await self._phase("release", outcome, release)
@@ -349,8 +351,8 @@ class ReloadPhases:
             raise
 
         async def swap() -> None:
-            await worker.request("swap", 30.0)
-            await worker.request("release", host.model.deadlines.stop_s, which="retired")
+            await worker.request(WorkerOp.SWAP, 30.0)
+            await worker.request(WorkerOp.RELEASE, host.model.deadlines.stop_s, which="retired")
             host.current = info
             host.router.input_form, host.router.input_signature = info.input_form, info.inputs
 
@@ -366,7 +368,7 @@ class ReloadPhases:
         if not worker.alive:
             return
         try:
-            await worker.request("restore", self.host.model.deadlines.load_s)
+            await worker.request(WorkerOp.RESTORE, self.host.model.deadlines.load_s)
         except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
             self.events.emit(
                 "restore_failed",

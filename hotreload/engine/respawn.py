@@ -22,7 +22,7 @@ from hotreload.engine.host import VersionInfo
 from hotreload.engine.reload_outcome import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.reload_phases import ReloadPhases
 from hotreload.engine.snapshots import Snapshot, code_paths
-from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 
 
 class RespawnPhases(ReloadPhases):
@@ -94,7 +94,7 @@ class RespawnPhases(ReloadPhases):
         ):
             return None
         try:
-            r = await old.request("retire", model.deadlines.stop_s)
+            r = await old.request(WorkerOp.RETIRE, model.deadlines.stop_s)
         except (WorkerDied, WorkerReplyError, TimeoutError):
             return None  # not fit to keep: the caller stops it
         await self._cancel_standby_start()  # a fresh one still importing is not needed now
@@ -223,7 +223,7 @@ class RespawnPhases(ReloadPhases):
         kept as the standby, see `_keep_after_failed_build`)."""
         try:
             info = await self._load_warm_smoke(worker, version, job, outcome, cold=cold)
-            await worker.request("swap", 30.0)  # the new worker's own staged -> current
+            await worker.request(WorkerOp.SWAP, 30.0)  # the new worker's own staged -> current
         except (PhaseFailed, WorkerReplyError, WorkerDied, TimeoutError) as exc:
             keep = False
             try:

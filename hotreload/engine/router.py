@@ -20,7 +20,7 @@ from typing import Any
 
 from hotreload.engine.signature import check_inputs, check_parameters
 from hotreload.engine.stats import LatencyWindow, RequestCounters
-from hotreload.engine.worker_proc import WorkerDied, WorkerProcess
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess
 from hotreload.errors import (
     BadRequestError,
     ClientError,
@@ -250,7 +250,7 @@ class ModelRouter:
             on_reply = functools.partial(self._on_reply, req)
             # The deadline travels (one monotonic clock for all processes on the machine):
             # the worker skips a request whose client has given up instead of computing it.
-            header = {"op": "infer", "tensors": req.metas, "deadline": req.deadline}
+            header = {"op": WorkerOp.INFER, "tensors": req.metas, "deadline": req.deadline}
             if req.parameters:
                 header["parameters"] = req.parameters
             if not worker.send_with_callback(header, blobs, on_reply):

@@ -8,8 +8,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hotreload.config import Config
 from hotreload.engine.cpus import CpuPlan, available_cpus, pin_process, pin_self, plan_cpus
@@ -21,6 +22,7 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.reloader import Reloader, ReloadOutcome
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
+from hotreload.engine.worker_proc import WorkerOp
 from hotreload.errors import BadRequestError
 from hotreload.paths import (
     ensure_state_dir,
@@ -29,6 +31,17 @@ from hotreload.paths import (
     write_private_file,
 )
 from hotreload.protocol.framing import Frame
+
+
+class FrontEnd(Protocol):
+    """A front end a command started beside the session (the KServe v2 HTTP endpoint)."""
+
+    async def close(self) -> None: ...
+
+
+#: Starts a front end on an opened session. The command that runs the session passes these
+#: (`hotreload.commands.serve.http_front_ends`): the engine itself starts no front end.
+FrontEndStarter = Callable[["Session"], Awaitable[FrontEnd]]
 
 
 class Session:
@@ -40,8 +53,10 @@ class Session:
         telemetry: bool = True,
         endpoint: bool = True,
         snapshot_dir: Path | None = None,
+        front_ends: Sequence[FrontEndStarter] = (),
     ) -> None:
-        """`endpoint=False` serves no socket (hotreload check runs beside a live session)."""
+        """`endpoint=False` serves no socket (hotreload check runs beside a live session),
+        and starts none of `front_ends`."""
         self.config = config
         self.state_dir = config.state_dir
         self.events = events or EventBus(config.state_dir / "events.jsonl")
@@ -79,8 +94,9 @@ class Session:
         self._cpus_before: frozenset[int] | None = None
         self.with_endpoint = endpoint
         self._opened = False
-        #: The KServe v2 HTTP endpoint (`hotreload.http.HttpEndpoint`) when enabled.
-        self.http: Any = None
+        self._front_end_starters = tuple(front_ends)
+        #: The front ends started at open (the HTTP endpoint), closed at stop.
+        self.front_ends: list[FrontEnd] = []
         #: Latency, queue and memory figures over time, to `.hotreload/stats.jsonl`.
         self.stats_log: StatsRecorder | None = None
         #: Extra handlers (reload, ...) other layers register before start().
@@ -97,8 +113,9 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
 
     async def open(self) -> None:
-        """Open the socket (and HTTP), start telemetry: clients can attach before any model
-        is up. Raises HotreloadError when another session serves on the socket."""
+        """Open the socket (and the front ends, such as HTTP), start telemetry: clients can
+        attach before any model is up. Raises HotreloadError when another session serves on
+        the socket."""
         if self._opened:
             return
         self._place_on_cpus()
@@ -109,14 +126,9 @@ class Session:
                 self._write_session_file()
             self._announce_cpus()
             if self.with_endpoint:
-                http = self.config.http
-                if http.enabled:
-                    # Before the models start, so readiness is observable during warm-up.
-                    from hotreload.http import start_http
-
-                    self.http = await start_http(
-                        self, http.host, http.port, metrics_port=http.metrics_port
-                    )
+                # Before the models start, so readiness is observable during warm-up.
+                for start_front_end in self._front_end_starters:
+                    self.front_ends.append(await start_front_end(self))
             await self.telemetry.start()
             if self.with_endpoint:  # a served session: `hotreload report` draws its figures
                 self.stats_log = StatsRecorder(self, ensure_state_dir(self.config.state_dir))
@@ -168,10 +180,10 @@ class Session:
             for reloader in self.reloaders.values():
                 await reloader.close()
             await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
-            if self.http is not None:
+            for front_end in self.front_ends:
                 # After the hosts drained: HTTP requests in flight got their replies.
                 with contextlib.suppress(Exception):
-                    await self.http.close()
+                    await front_end.close()
             if self.with_endpoint:
                 await self.endpoint.close()
                 self._remove_session_file()
@@ -322,7 +334,10 @@ class Session:
             raise BadRequestError(f"model {host.name!r} has no running worker to warm")
         self.events.emit("rewarm_started", model=host.name)
         r = await host.worker.request(
-            "warm", host.model.deadlines.warm_s, target="current", iters=host.model.warmup_iters
+            WorkerOp.WARM,
+            host.model.deadlines.warm_s,
+            target="current",
+            iters=host.model.warmup_iters,
         )
         self.events.emit(
             "rewarm_done", model=host.name, warm_s=r["warm_s"], passes_ms=r["passes_ms"]

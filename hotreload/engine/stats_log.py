@@ -14,15 +14,29 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hotreload.engine.stats import percentile
 from hotreload.errors import HotreloadError
 from hotreload.paths import open_private
 
 if TYPE_CHECKING:
-    from hotreload.engine.session import Session
+    from hotreload.engine.events import EventBus
+    from hotreload.engine.host import ModelHost
+
+
+class RecordedSession(Protocol):
+    """What the recorder reads of a session (a `Session`): its hosts and its events. A
+    protocol, not the class, so that this module and session.py import one way."""
+
+    @property
+    def events(self) -> EventBus: ...
+
+    @property
+    def hosts(self) -> Mapping[str, ModelHost]: ...
+
 
 STATS_FILE = "stats.jsonl"
 #: One line per model this often while requests flow; IDLE_S apart when none do.
@@ -31,7 +45,9 @@ IDLE_S = 10.0
 
 
 class StatsRecorder:
-    def __init__(self, session: Session, folder: Path, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, session: RecordedSession, folder: Path, interval_s: float = INTERVAL_S
+    ) -> None:
         self.session = session
         self.path = folder / STATS_FILE
         self.interval_s = interval_s

@@ -47,7 +47,7 @@ class GpuTelemetry:
 
     async def start(self) -> None:
         # Imported here: the GPU layer loads pynvml lazily, but only sessions need it.
-        from hotreload.gpu.nvml import GpuSampler
+        from hotreload.gpu.sampler import GpuSampler
         from hotreload.gpu.xid import XidMonitor
 
         self._loop = asyncio.get_running_loop()

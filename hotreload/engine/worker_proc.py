@@ -32,9 +32,9 @@ from hotreload.engine.memory_limits import (
 from hotreload.errors import HotreloadError
 from hotreload.protocol.frame_protocol import FrameProtocol
 from hotreload.protocol.framing import Frame, pack_frame
+from hotreload.protocol.ops import WorkerOp  # the engine's callers import it from here too
+from hotreload.worker.launch import FD_ENV, SPEC_ENV
 
-SPEC_ENV = "HOTRELOAD_WORKER_SPEC"
-FD_ENV = "HOTRELOAD_WORKER_FD"
 #: How often a worker's RSS and the machine's OOM-kill count are read, so a kill by the
 #: kernel's OOM killer can be told apart from another SIGKILL and its last RSS named.
 MEMORY_SAMPLE_S = 0.5
@@ -335,10 +335,11 @@ class WorkerProcess:
             self._conn.write(out)
 
     async def request(
-        self, op: str, timeout_s: float | None = None, **fields: Any
+        self, op: WorkerOp, timeout_s: float | None = None, **fields: Any
     ) -> dict[str, Any]:
-        """A control request; WorkerReplyError on an error reply, TimeoutError past timeout."""
-        fut = self.send({"op": op, **fields})
+        """A control request; WorkerReplyError on an error reply, TimeoutError past timeout.
+        ValueError, before anything is sent, for an op the worker does not have."""
+        fut = self.send({"op": WorkerOp(op), **fields})
         if self._conn is not None:
             with contextlib.suppress(ConnectionError):
                 await self._conn.drain()
@@ -354,7 +355,7 @@ class WorkerProcess:
             self._close()
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.request("shutdown"), min(timeout_s, 2.0))
+            await asyncio.wait_for(self.request(WorkerOp.SHUTDOWN), min(timeout_s, 2.0))
         try:
             await asyncio.wait_for(self.proc.wait(), timeout_s)
         except TimeoutError:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, exit_code_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -132,8 +132,8 @@ def xid_main(
             return EXIT_ENVIRONMENT
         _print_lines(lines, as_json, out, "the kernel log")
         return EXIT_OK
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return exit_code_for(exc)
     except BrokenPipeError:  # `hotreload xid | head`
         return EXIT_OK
 
@@ -190,8 +190,8 @@ def _xid_follow_live(as_json: bool, stop: threading.Event, out: TextIO, err: Tex
                 )
                 return EXIT_ENVIRONMENT
         return EXIT_OK
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return exit_code_for(exc)
     finally:
         monitor.stop(timeout=3)
 

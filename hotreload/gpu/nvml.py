@@ -7,7 +7,8 @@ nothing and never touches the driver) and shut down at interpreter exit.
 
 Readings are frozen dataclasses (`GpuSnapshot`, `GpuDevice`, `GpuProcess`, in `readings`):
 widgets and the engine read snapshots and never reach the hardware. `GpuSampler` (in
-`sampler`, re-exported here) takes readings on one long-lived thread at a fixed interval.
+`sampler`, which imports this module, never the reverse) takes readings on one long-lived
+thread at a fixed interval.
 
 The seam for tests is `_load_pynvml`: a test swaps it (and calls `reset_gateway()`) to inject
 one scripted fake `pynvml` module; nothing else is mocked.
@@ -38,7 +39,6 @@ from hotreload.gpu.readings import (
     format_cuda_version,
     normalize_bus_id,
 )
-from hotreload.gpu.sampler import GpuSampler
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ __all__ = [
     "REINIT_KINDS",
     "GpuDevice",
     "GpuProcess",
-    "GpuSampler",
     "GpuSnapshot",
     "NvmlGateway",
     "NvmlUnavailable",

@@ -11,12 +11,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
 
+from hotreload.gpu.nvml import NvmlGateway, gateway
 from hotreload.gpu.readings import GpuSnapshot
-
-if TYPE_CHECKING:
-    from hotreload.gpu.nvml import NvmlGateway
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +67,6 @@ class GpuSampler:
         return not self._thread.is_alive()
 
     def _read(self) -> GpuSnapshot:
-        # Imported here, not at the top: nvml imports this module to re-export it.
-        from hotreload.gpu.nvml import gateway
-
         gw = self._gateway or gateway()
         try:
             own = self._own_pids()

@@ -2,7 +2,7 @@
 
 The dashboard draws in its own process, so Textual's repaints never run on the manager's
 event loop or hold its GIL while requests are being routed. Everything travels over the
-session's client socket (`hotreload.engine.dashboard_ops`): one `events` subscription, one
+session's client socket (`hotreload.commands.dashboard_ops`): one `events` subscription, one
 `dashboard` call per sample, and an op per key.
 """
 

@@ -11,8 +11,7 @@ import json
 import os
 import sys
 
-SPEC_ENV = "HOTRELOAD_WORKER_SPEC"
-FD_ENV = "HOTRELOAD_WORKER_FD"
+from hotreload.worker.launch import FD_ENV, SPEC_ENV
 
 
 def main() -> int:

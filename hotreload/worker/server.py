@@ -22,6 +22,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
+from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
 from hotreload.worker import loader
 from hotreload.worker.fresh_source import compile_from_source
@@ -440,18 +441,19 @@ class Worker:
             threading.Thread(
                 target=self._thread_loop, args=(q, name), name=f"hotreload-{name}", daemon=True
             ).start()
-        routes: dict[str, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
-            "infer": (serve_q, self.op_infer),
-            "load": (self.load_q, self.op_load),
-            "smoke": (self.load_q, self.op_smoke),
-            "swap": (control_q, self.op_swap),
-            "release": (control_q, self.op_release),
-            "offload": (control_q, self.op_offload),
-            "retire": (control_q, self.op_retire),
-            "restore": (control_q, self.op_restore),
-            "sync": (control_q, self.op_sync),
-            "status": (control_q, self.op_status),
-            "ping": (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
+        # A WorkerOp hashes and compares as its string: a header's plain `op` finds its route.
+        routes: dict[WorkerOp, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
+            WorkerOp.INFER: (serve_q, self.op_infer),
+            WorkerOp.LOAD: (self.load_q, self.op_load),
+            WorkerOp.SMOKE: (self.load_q, self.op_smoke),
+            WorkerOp.SWAP: (control_q, self.op_swap),
+            WorkerOp.RELEASE: (control_q, self.op_release),
+            WorkerOp.OFFLOAD: (control_q, self.op_offload),
+            WorkerOp.RETIRE: (control_q, self.op_retire),
+            WorkerOp.RESTORE: (control_q, self.op_restore),
+            WorkerOp.SYNC: (control_q, self.op_sync),
+            WorkerOp.STATUS: (control_q, self.op_status),
+            WorkerOp.PING: (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
         }
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
@@ -463,12 +465,12 @@ class Worker:
             except (ConnectionError, OSError):
                 break
             op = frame.header.get("op")
-            if op == "shutdown":
+            if op == WorkerOp.SHUTDOWN:
                 self.send({"id": frame.header.get("id"), "ok": True})
                 break
-            if op == "swap" and frame.header.get("inband"):
+            if op == WorkerOp.SWAP and frame.header.get("inband"):
                 serve_q.put((self.op_swap, frame))
-            elif op == "warm":
+            elif op == WorkerOp.WARM:
                 # Re-warming the serving version shares its thread; a staged one, the loader's.
                 current = frame.header.get("target") == "current"
                 (serve_q if current else self.load_q).put((self.op_warm, frame))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hotreload import runtime
-from hotreload.gpu.streams import StreamRef, raw_stream_ref, wait_streams_idle
+from hotreload.worker.streams import StreamRef, raw_stream_ref, wait_streams_idle
 
 
 def _ref(reg: runtime.RegisteredStream) -> StreamRef:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hotreload.config_weights import is_torchscript_archive
+from hotreload.config.weights import is_torchscript_archive
 from hotreload.worker.fast_build import owned_tensors, retie
 from hotreload.worker.load_error import LoadError
 

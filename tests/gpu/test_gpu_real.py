@@ -12,8 +12,8 @@ import pytest
 
 from hotreload.gpu import nvml
 from hotreload.gpu.reset import check_reset
-from hotreload.gpu.streams import raw_stream_ref, torch_stream_ref, wait_streams_idle
 from hotreload.gpu.xid import XidMonitor
+from hotreload.worker.streams import raw_stream_ref, torch_stream_ref, wait_streams_idle
 
 pytestmark = pytest.mark.gpu
 

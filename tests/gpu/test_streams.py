@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from hotreload.gpu.streams import StreamQueryError, StreamRef, raw_stream_ref, wait_streams_idle
+from hotreload.worker.streams import StreamQueryError, StreamRef, raw_stream_ref, wait_streams_idle
+
+
+def test_importing_stream_polling_loads_neither_cuda_python_nor_torch() -> None:
+    # The worker imports it before it knows whether the model is on a GPU at all.
+    code = (
+        "import sys, hotreload.worker.streams\n"
+        "bad = [m for m in ('cuda', 'torch', 'pynvml') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
 
 
 class FakeClock:

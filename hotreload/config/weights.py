@@ -1,8 +1,8 @@
 """The config keys about what a model is loaded from: `weights`, `weights_prefix`, and an
 `entry` that names a TorchScript archive instead of a factory.
 
-Kept out of config.py (which reads every other key) so that file stays readable; the
-checks here use config.py's checker, so their errors read like every other config error.
+Kept apart from the other `[[models]]` keys (config/models.py) so that file stays readable;
+the checks here use the same `Checker`, so their errors read like every other config error.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hotreload.config import _Checker
+    from hotreload.config.checker import Checker
 
 WEIGHTS_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 #: What `entry = "model.pt"` may name: an archive written by torch.jit.save.
@@ -47,7 +47,7 @@ def looks_like_torchscript_entry(value: str) -> bool:
     return ":" not in value and value.endswith(TORCHSCRIPT_SUFFIXES)
 
 
-def torchscript_entry_file(value: str, *, checker: _Checker, key: str, root: Path) -> Path:
+def torchscript_entry_file(value: str, *, checker: Checker, key: str, root: Path) -> Path:
     """The archive an `entry` names, checked to be one."""
     where = checker.sub(key)
     file = Path(value).expanduser()
@@ -63,7 +63,7 @@ def torchscript_entry_file(value: str, *, checker: _Checker, key: str, root: Pat
     return file.resolve()
 
 
-def parse_weights(m: _Checker, root: Path) -> tuple[Path, ...]:
+def parse_weights(m: Checker, root: Path) -> tuple[Path, ...]:
     """`weights`: existing .safetensors, .pt, .pth or .bin files."""
     weights: list[Path] = []
     for i, item in enumerate(m.str_list("weights")):
@@ -80,7 +80,7 @@ def parse_weights(m: _Checker, root: Path) -> tuple[Path, ...]:
     return tuple(weights)
 
 
-def parse_weights_prefix(m: _Checker, weights: tuple[Path, ...]) -> WeightsPrefix | None:
+def parse_weights_prefix(m: Checker, weights: tuple[Path, ...]) -> WeightsPrefix | None:
     """`weights_prefix = "inner."` (added to every key of the files), or
     `weights_prefix = { strip = "model.", add = "inner." }` (either part optional)."""
     what = 'a prefix such as "inner.", or a table { strip = "model.", add = "inner." }'

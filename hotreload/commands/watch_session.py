@@ -1,22 +1,19 @@
-"""`hotreload watch`: serve every model and reload it when its files change.
+"""`WatchSession`: a Session plus its file watcher, what `hotreload watch` runs.
 
-Plain mode (`--no-tui`, or stdout not a terminal) prints one line per phase and outcome;
-the dashboard subscribes to the same event stream.
+Both the plain printer and the dashboard (over the socket ops in `dashboard_ops`) drive one;
+this module imports neither, so the three import one way: watch -> these.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
-from hotreload.engine import dashboard_ops
 from hotreload.engine.host import BringUpError
-from hotreload.engine.printer import PlainPrinter
-from hotreload.engine.serve import run_until_signal, run_with_config
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
 from hotreload.errors import ConfigError
@@ -27,7 +24,7 @@ class WatchSession:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.session = Session(config)
+        self.session = Session(config, front_ends=http_front_ends(config))
         self.watcher = FileWatcher(
             config,
             self._on_change,
@@ -41,7 +38,6 @@ class WatchSession:
         #: {"phase", "error"} of the model that could not come up.
         self.start_error: dict[str, str] | None = None
         self.session.events.subscribe(self._on_event)
-        dashboard_ops.register(self)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         # A model that failed at start and then came up (a save, `hotreload reload`, an
@@ -135,34 +131,3 @@ def _rel(path: Path, root: Path) -> str:
         return str(path.relative_to(root))
     except ValueError:
         return str(path)
-
-
-async def _watch_plain(config: Config) -> int:
-    ws = WatchSession(config)
-    ws.session.events.subscribe(PlainPrinter())
-
-    def banner() -> str:
-        if ws.start_error is not None:
-            # As the dashboard and `uvicorn --reload` do: wait for the fix, not exit.
-            failed = [n for n, h in ws.session.hosts.items() if h.state != "serving"]
-            return (
-                f"{', '.join(failed)} could not start (see above): fix the file and save, "
-                "the watcher tries again - Ctrl-C to stop"
-            )
-        return (
-            f"serving {len(ws.session.hosts)} model(s) on {ws.session.socket_path}; "
-            "edit a file to reload - Ctrl-C to stop"
-        )
-
-    return await run_until_signal(ws.start_keep_going, ws.stop, banner)
-
-
-def watch_main(config_path: str | None, *, no_tui: bool = False, **overrides: Any) -> int:
-    def run(config: Config) -> int:
-        if not no_tui and sys.stdout.isatty() and sys.stdin.isatty():
-            from hotreload.engine.watch_dashboard import watch_with_dashboard
-
-            return asyncio.run(watch_with_dashboard(WatchSession(config)))
-        return asyncio.run(_watch_plain(config))
-
-    return run_with_config(config_path, overrides, run)

@@ -22,7 +22,7 @@ from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK
 from hotreload.paths import ensure_state_dir, open_private
 
 if TYPE_CHECKING:
-    from hotreload.engine.watch import WatchSession
+    from hotreload.commands.watch_session import WatchSession
 
 #: How long a dashboard asked to quit may take before it is killed.
 DASHBOARD_QUIT_S = 10.0

@@ -5,17 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hotreload.config import Config, load_config, with_cli_overrides
 from hotreload.engine.host import BringUpError
 from hotreload.engine.printer import PlainPrinter
-from hotreload.engine.session import Session
+from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.exitcodes import EXIT_OK, error_exit, exit_code_for
 from hotreload.preflight import preflight
+
+
+def http_front_ends(config: Config) -> list[FrontEndStarter]:
+    """The KServe v2 HTTP endpoint as a starter for `Session(front_ends=...)` when `[http]`
+    (or `--http`) enables it: the session opens it after its socket, before the models start,
+    so readiness is observable during warm-up, and closes it after the hosts drained."""
+    http = config.http
+    if not http.enabled:
+        return []
+
+    async def start(session: Session) -> FrontEnd:
+        # Imported here: aiohttp and the HTTP layer load only for a session that serves HTTP.
+        from hotreload.http import start_http
+
+        return await start_http(session, http.host, http.port, metrics_port=http.metrics_port)
+
+    return [start]
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
@@ -50,8 +66,9 @@ async def run_until_signal(
         except BringUpError as exc:
             # The event printer already showed the error and traceback. A worker process
             # that could not start (no such device, no CUDA build) is the environment's
-            # doing, as `hotreload check` says too; a model that failed to build is not.
-            return EXIT_ENVIRONMENT if exc.phase == "start" else EXIT_FAILURE
+            # doing (exit 3), as `hotreload check` says too; a model that failed to build
+            # is not (exit 1).
+            return exit_code_for(exc)
         print(banner(), flush=True)
         await stopping.wait()
         print("stopping: draining requests and stopping workers...", flush=True)
@@ -62,7 +79,7 @@ async def run_until_signal(
 
 
 async def _serve(config: Config) -> int:
-    session = Session(config)
+    session = Session(config, front_ends=http_front_ends(config))
     session.events.subscribe(PlainPrinter())
     failed: list[str] = []
 
@@ -93,17 +110,11 @@ def run_with_config(
         config = with_cli_overrides(load_config(config_path), **overrides)
         preflight(config)  # before any start-up work: exits 2 at once, not after a worker
     except ConfigError as exc:
-        print(f"hotreload: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return error_exit("hotreload", exc)
     try:
         return run(config)
-    except ConfigError as exc:  # checked against this machine at start (`cpus`)
-        where = "" if exc.path else f"{config.path}: "
-        print(f"hotreload: config error: {where}{exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except HotreloadError as exc:
-        print(f"hotreload: {exc}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+    except HotreloadError as exc:  # a ConfigError here was checked against this machine
+        return error_exit("hotreload", exc, config.path)
 
 
 def serve_main(config_path: str | None, **overrides: Any) -> int:

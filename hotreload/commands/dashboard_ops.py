@@ -24,7 +24,7 @@ from hotreload.engine.endpoint import Push
 from hotreload.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from hotreload.engine.watch import WatchSession
+    from hotreload.commands.watch_session import WatchSession
 
 #: How many past events a new subscriber gets first (bring-up, the last reloads).
 REPLAY_EVENTS = 200

@@ -1,0 +1,61 @@
+"""The `[http]` table (the KServe v2 endpoint) and the `--http HOST:PORT` address format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hotreload.config.checker import Checker
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The KServe v2 HTTP endpoint (off by default; `--http HOST:PORT` turns it on)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8000
+    #: A second listener serving only /metrics (Triton serves it on 8002).
+    metrics_port: int | None = None
+    #: Seconds a request body may take to arrive in full (then 408, and the connection closes).
+    body_timeout_s: float = 60.0
+    #: Seconds an idle keep-alive connection stays open.
+    keepalive_timeout_s: float = 75.0
+    #: Largest body after gzip/deflate inflation, in MiB (None: max_frame_mib).
+    max_inflated_mib: int | None = None
+
+
+
+def parse_http(top: Checker) -> HttpConfig:
+    """`[http]` from the top-level table (every key optional)."""
+    h = top.subtable("http", tuple(HttpConfig.__dataclass_fields__))
+    return HttpConfig(
+        enabled=h.get("enabled", bool, False, "true or false"),
+        host=h.get("host", str, "127.0.0.1", "a host name or address"),
+        port=h.integer("port", 8000, minimum=0, maximum=65535),
+        metrics_port=(
+            h.integer("metrics_port", 0, minimum=0, maximum=65535)
+            if "metrics_port" in h.table
+            else None
+        ),
+        body_timeout_s=h.number("body_timeout_s", 60.0, minimum=0.001),
+        keepalive_timeout_s=h.number("keepalive_timeout_s", 75.0, minimum=0.001),
+        max_inflated_mib=h.integer("max_inflated_mib", 0, minimum=1, maximum=4096)
+        if "max_inflated_mib" in h.table
+        else None,
+    )
+
+
+def parse_http_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT`, `PORT` or `[::1]:PORT` -> (host, port); ValueError says why."""
+    host, port_text = "127.0.0.1", text
+    if text.startswith("["):
+        end = text.find("]:")
+        if end < 0:
+            raise ValueError(f"expected [ADDRESS]:PORT, got {text!r}")
+        host, port_text = text[1:end], text[end + 2 :]
+    elif ":" in text:
+        head, port_text = text.rsplit(":", 1)
+        host = head or host
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"expected a port between 0 and 65535 in {text!r}")
+    return host, int(port_text)

@@ -1,0 +1,346 @@
+"""The `[[models]]` tables: what each model is built from, where it serves, its deadlines.
+
+`parse_model` reads one table through a `Checker`; the keys about what a model is loaded
+from (`weights`, `weights_prefix`, a TorchScript `entry`) are in `weights`, `shapes` in
+`shapes`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hotreload.config import weights as weights_mod
+from hotreload.config.checker import Checker, kind_of
+from hotreload.config.shapes import parse_shapes
+
+#: Overrides every model's `device` (used by scripts/gpu-check.sh to force `cuda:0`).
+DEVICE_ENV = "HOTRELOAD_DEVICE"
+
+POLICIES = ("availability", "resource", "auto")
+STRATEGIES = ("inplace", "respawn")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """Where a callable lives: `package.module:attr` or `path/to/file.py:attr`."""
+
+    #: The text as written in the config.
+    spec: str
+    #: Dotted module name, or None when the entry is a file path.
+    module: str | None
+    #: Absolute path of the file, or None when the entry is a module name.
+    file: Path | None
+    #: Attribute name inside the module (may be dotted: `Class.build`); "" for TorchScript.
+    attr: str
+    #: `file` is a TorchScript archive (torch.jit.save) that is the model: no factory.
+    torchscript: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "module": self.module,
+            "file": str(self.file) if self.file else None,
+            "attr": self.attr,
+            "torchscript": self.torchscript,
+        }
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Upper bounds, in seconds, for each reload phase; past one the phase fails."""
+
+    start_s: float = 120.0
+    drain_s: float = 10.0
+    sync_s: float = 5.0
+    load_s: float = 120.0
+    warm_s: float = 60.0
+    smoke_s: float = 30.0
+    #: A forward running longer than this means the worker is wedged (hung kernel, deadlock).
+    forward_s: float = 60.0
+    #: How long a stopping worker may take to exit before it is killed.
+    stop_s: float = 10.0
+
+    @property
+    def drain_wait_s(self) -> float:
+        """How long a drain waits for in-flight requests: drain_s, but never less than
+        forward_s. A forward up to forward_s long is legitimate (a big batch), so a drain
+        that gave up sooner would kill a healthy worker as hung and fail its requests."""
+        return max(self.drain_s, self.forward_s)
+
+
+@dataclass(frozen=True)
+class Threads:
+    """torch intra-op and inter-op thread counts, applied before the first op."""
+
+    intra_op: int
+    inter_op: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One `[[models]]` entry, with paths made absolute against the project root."""
+
+    name: str
+    entry: EntryPoint
+    example: EntryPoint
+    weights: tuple[Path, ...] = ()
+    #: How the weights files' keys map onto the module's (a factory that wraps the model).
+    weights_prefix: weights_mod.WeightsPrefix | None = None
+    device: str = "auto"
+    warmup_iters: int = 3
+    max_queue_size: int = 256
+    request_timeout_s: float = 30.0
+    #: How many requests the router keeps in flight inside the worker (pipelining).
+    max_inflight: int = 8
+    threads: Threads | None = None
+    #: CPUs of its own for the serving worker (engine/cpus.py): "auto" (as many as `threads`
+    #: when at least one CPU is left for the rest), "off", or explicit CPU ids.
+    cpus: str | tuple[int, ...] = "auto"
+    env: Mapping[str, str] = field(default_factory=dict)
+    watch: tuple[Path, ...] = ()
+    ignore: tuple[str, ...] = ()
+    policy: str = "auto"
+    strategy: str = "inplace"
+    #: Let a reload change the output shape or dtype (smoke rejects it otherwise).
+    allow_output_change: bool = False
+    #: While requests are being served, a build (load, warm-up, smoke) pauses after each
+    #: step for this many times the step's duration (at most 50 ms a pause): the requests
+    #: keep the CPU. 0: never pause.
+    build_pace: float = 3.0
+    #: strategy "respawn": keep the next worker process started ahead of time (torch
+    #: imported, idle, at low priority while it starts), so a reload only builds the model.
+    standby: bool = True
+    #: strategy "respawn" with a standby: a retired worker whose streams synced idle becomes
+    #: the next standby (its models dropped) up to this many times, so no reload pays for a
+    #: fresh process and its imports; then a fresh process. 0: always a fresh process.
+    recycle: int = 20
+    #: Output signature a user pins: {"shape": [...], "dtype": "float32"}; None = learn it.
+    expected_output: Mapping[str, Any] | None = None
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    #: Input name -> dimensions, -1 where any size is accepted (config/shapes.py).
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+
+MODEL_KEYS = (
+    "name",
+    "entry",
+    "example",
+    "weights",
+    "weights_prefix",
+    "device",
+    "warmup_iters",
+    "max_queue_size",
+    "request_timeout_s",
+    "max_inflight",
+    "threads",
+    "cpus",
+    "env",
+    "watch",
+    "ignore",
+    "policy",
+    "strategy",
+    "allow_output_change",
+    "build_pace",
+    "standby",
+    "recycle",
+    "expected_output",
+    "deadlines",
+    "shapes",
+)
+_DEADLINE_KEYS = tuple(Deadlines.__dataclass_fields__)
+
+
+#: Linux's own limit on CPU ids (CONFIG_NR_CPUS at most 8192): a range beyond is a typo.
+MAX_CPU_ID = 8191
+_CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def parse_cpus(m: Checker) -> str | tuple[int, ...]:
+    """`cpus`: "auto", "off", a list of CPU ids, or the kernel's list format ("2-3,6")."""
+    what = '"auto", "off", a list of CPU ids such as [2, 3], or "2-3"'
+    raw = m.get("cpus", (str, list), "auto", what)
+    if raw in ("auto", "off"):
+        return str(raw)
+    ids: list[int] = []
+    if isinstance(raw, str):
+        text = raw.replace(" ", "")
+        if not _CPU_LIST_RE.match(text):
+            m.fail(m.sub("cpus"), f"expected {what}, got {raw!r}")
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            if hi and int(hi) < int(lo):
+                m.fail(m.sub("cpus"), f"range {part!r} runs backwards; write it low-high")
+            if int(hi or lo) > MAX_CPU_ID:
+                m.fail(
+                    m.sub("cpus"),
+                    f"CPU id {hi or lo} is past the largest Linux allows ({MAX_CPU_ID})",
+                )
+            ids.extend(range(int(lo), int(hi or lo) + 1))
+    else:
+        for i, c in enumerate(raw):
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                m.fail(f"{m.sub('cpus')}[{i}]", f"expected a CPU id >= 0, got {c!r}")
+            ids.append(c)
+    if not ids:
+        m.fail(m.sub("cpus"), f'expected at least one CPU id (or "off"), got {raw!r}')
+    if max(ids) > MAX_CPU_ID:
+        m.fail(m.sub("cpus"), f"CPU id {max(ids)} is past the largest Linux allows ({MAX_CPU_ID})")
+    if len(set(ids)) != len(ids):
+        m.fail(m.sub("cpus"), f"CPU ids repeat in {raw!r}")
+    return tuple(sorted(ids))
+
+
+def parse_entry(value: str, *, checker: Checker, key: str, root: Path) -> EntryPoint:
+    where = checker.sub(key)
+    if key == "entry" and weights_mod.looks_like_torchscript_entry(value):
+        file = weights_mod.torchscript_entry_file(value, checker=checker, key=key, root=root)
+        return EntryPoint(spec=value, module=None, file=file, attr="", torchscript=True)
+    if value.count(":") != 1:
+        checker.fail(
+            where,
+            f"expected 'package.module:callable' or 'path/to/file.py:callable', got {value!r}",
+        )
+    target, attr = value.split(":")
+    if not _IDENT_RE.match(attr):
+        checker.fail(where, f"{attr!r} after ':' is not a Python name (in {value!r})")
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        file = Path(target).expanduser()
+        file = file if file.is_absolute() else root / file
+        if not file.is_file():
+            checker.fail(where, f"file {file} does not exist (paths are relative to {root})")
+        return EntryPoint(spec=value, module=None, file=file.resolve(), attr=attr)
+    if not _IDENT_RE.match(target):
+        checker.fail(where, f"{target!r} is not a module name (in {value!r})")
+    return EntryPoint(spec=value, module=target, file=None, attr=attr)
+
+
+def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
+    m = Checker(table, path=path, key=key, known=MODEL_KEYS)
+    for required in ("name", "entry", "example"):
+        if required not in m.table:
+            m.fail(m.sub(required), "missing; every [[models]] entry needs name, entry and example")
+    name = m.get("name", str, None, "a string")
+    if not _NAME_RE.match(name):
+        m.fail(
+            m.sub("name"),
+            f"expected letters, digits, '_', '.', '-' (at most 64, starting with a letter or "
+            f"digit), got {name!r}",
+        )
+    entry = parse_entry(m.get("entry", str, None, "a string"), checker=m, key="entry", root=root)
+    example = parse_entry(
+        m.get("example", str, None, "a string"), checker=m, key="example", root=root
+    )
+
+    weights = weights_mod.parse_weights(m, root)
+    weights_prefix = weights_mod.parse_weights_prefix(m, weights)
+
+    device = os.environ.get(DEVICE_ENV) or m.get("device", str, "auto", "a string")
+    if not _DEVICE_RE.match(device):
+        m.fail(m.sub("device"), f"expected 'auto', 'cpu' or 'cuda:N', got {device!r}")
+    if device == "cuda":
+        device = "cuda:0"
+
+    threads: Threads | None = None
+    if "threads" in m.table:
+        raw = m.table["threads"]
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            if raw < 1:
+                m.fail(m.sub("threads"), f"expected a count >= 1, got {raw}")
+            threads = Threads(intra_op=raw, inter_op=raw)
+        elif isinstance(raw, dict):
+            t = Checker(raw, path=path, key=m.sub("threads"), known=("intra_op", "inter_op"))
+            threads = Threads(
+                intra_op=t.integer("intra_op", 1, minimum=1, maximum=1024),
+                inter_op=t.integer("inter_op", 1, minimum=1, maximum=1024),
+            )
+        else:
+            m.fail(
+                m.sub("threads"),
+                f"expected a count or {{ intra_op = N, inter_op = N }}, got {kind_of(raw)}",
+            )
+
+    cpus = parse_cpus(m)
+
+    env_raw = m.get("env", dict, {}, 'a table of NAME = "value"')
+    for k, v in env_raw.items():
+        if not isinstance(v, str):
+            m.fail(f"{m.sub('env')}.{k}", f"expected a string value, got {kind_of(v)} {v!r}")
+
+    watch_items = m.str_list("watch")
+    watch: list[Path] = []
+    for i, item in enumerate(watch_items):
+        p = Path(item).expanduser()
+        p = p if p.is_absolute() else root / p
+        if not p.exists():
+            m.fail(f"{m.sub('watch')}[{i}]", f"path {p} does not exist")
+        watch.append(p.resolve())
+    if not watch:
+        # Default: the folder of the entry file, or the project root for module entries.
+        watch.append(entry.file.parent if entry.file else root.resolve())
+    if entry.torchscript and entry.file is not None:
+        watch = weights_mod.watch_with_entry(watch, entry.file)
+
+    expected = m.get("expected_output", dict, None, 'a table { shape = [...], dtype = "..." }')
+    if expected is not None:
+        e = Checker(expected, path=path, key=m.sub("expected_output"), known=("shape", "dtype"))
+        shape = e.get("shape", list, None, "a list of integers (-1 for any size)")
+        if shape is not None and not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape
+        ):
+            e.fail(e.sub("shape"), f"expected integers >= -1, got {shape!r}")
+        e.get("dtype", str, None, 'a dtype name such as "float32"')
+
+    shapes_raw = m.get("shapes", dict, {}, "a table of input name = [dims], -1 for any size")
+    shapes = parse_shapes(shapes_raw, m.sub("shapes"), m.fail)
+
+    deadlines_raw = m.get("deadlines", dict, {}, "a table of phase = seconds")
+    d = Checker(deadlines_raw, path=path, key=m.sub("deadlines"), known=_DEADLINE_KEYS)
+    deadlines = Deadlines(
+        **{
+            k: d.number(k, getattr(Deadlines, k), minimum=0.001, what="seconds")
+            for k in _DEADLINE_KEYS
+        }
+    )
+
+    return ModelConfig(
+        name=name,
+        entry=entry,
+        example=example,
+        weights=weights,
+        weights_prefix=weights_prefix,
+        device=device,
+        warmup_iters=m.integer("warmup_iters", 3, minimum=0, maximum=10_000),
+        max_queue_size=m.integer("max_queue_size", 256, minimum=1, maximum=1_000_000),
+        request_timeout_s=m.number("request_timeout_s", 30.0, minimum=0.001, what="seconds")
+        or 30.0,
+        max_inflight=m.integer("max_inflight", 8, minimum=1, maximum=1024),
+        threads=threads,
+        cpus=cpus,
+        env=dict(env_raw),
+        watch=tuple(watch),
+        ignore=m.str_list("ignore"),
+        policy=m.choice("policy", "auto", POLICIES),
+        strategy=m.choice("strategy", "inplace", STRATEGIES),
+        allow_output_change=m.get("allow_output_change", bool, False, "true or false"),
+        build_pace=m.number("build_pace", 3.0, minimum=0.0, what="a factor (0 = never pause)")
+        or 0.0,
+        standby=m.get("standby", bool, True, "true or false"),
+        recycle=m.integer("recycle", 20, minimum=0, maximum=1_000_000),
+        expected_output=expected,
+        deadlines=deadlines,
+        shapes=shapes,
+    )
+
+
+def with_overrides(model: ModelConfig, **changes: Any) -> ModelConfig:
+    """A copy of `model` with some fields changed (tests and `check` use small deadlines)."""
+    return replace(model, **changes)

@@ -1,0 +1,44 @@
+"""The ops the engine sends a worker over its control socket, named once for both ends.
+
+`engine/worker_proc.py` sends them (`WorkerProcess.request`, and the router's `infer`
+frames); `worker/server.py` routes them to the thread that owns each. A `StrEnum`: a member
+is the very string on the wire, so headers stay plain JSON and a worker compares what it
+reads against these names; a misspelt op fails where it is written, not in the worker.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class WorkerOp(StrEnum):
+    """One op of the engine -> worker protocol (the reply carries the request's id)."""
+
+    #: A forward on the serving version (the request path; tensors travel with it).
+    INFER = "infer"
+    #: Build a version (import the code, load weights) as the staged one.
+    LOAD = "load"
+    #: Warm-up passes on the staged version, or on the serving one (`target`).
+    WARM = "warm"
+    #: Check the staged version's output against the serving one's.
+    SMOKE = "smoke"
+    #: Make the staged version the serving one (`inband`: on the serving thread).
+    SWAP = "swap"
+    #: Drop a version (`which`: retired, staged or current) and free its memory.
+    RELEASE = "release"
+    #: Move the serving version's weights off the device before a build (the "resource"
+    #: policy); it becomes the retired one.
+    OFFLOAD = "offload"
+    #: Drop every version and wait idle: a worker retired by a respawn reload becomes the
+    #: standby that builds the next version.
+    RETIRE = "retire"
+    #: Put the offloaded version back on the device (its reload failed).
+    RESTORE = "restore"
+    #: Wait, to a deadline, for a version's CUDA streams to go idle.
+    SYNC = "sync"
+    #: Memory, allocator and version figures.
+    STATUS = "status"
+    #: Liveness: answered at once by the control thread.
+    PING = "ping"
+    #: Exit.
+    SHUTDOWN = "shutdown"
