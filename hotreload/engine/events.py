@@ -110,6 +110,8 @@ class EventBus:
     ) -> None:
         self._subscribers: list[Subscriber] = []
         self.recent: deque[Event] = deque(maxlen=keep)
+        #: What `emit_once` has said (kind and fields).
+        self._said_once: set[tuple[Any, ...]] = set()
         self._file: EventFile | None = None
         if jsonl_path is not None:
             self._file = EventFile(jsonl_path, write)
@@ -118,6 +120,15 @@ class EventBus:
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         self._subscribers.append(fn)
         return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
+
+    def emit_once(self, kind: str, **fields: Any) -> Event | None:
+        """`emit`, unless an event of this kind with these fields was emitted before by
+        `emit_once` (a note a model's every version would repeat)."""
+        key = (kind, *sorted((k, repr(v)) for k, v in fields.items()))
+        if key in self._said_once:
+            return None
+        self._said_once.add(key)
+        return self.emit(kind, **fields)
 
     def emit(self, kind: str, **fields: Any) -> Event:
         event: Event = {"ts": time.time(), "kind": kind, **fields}

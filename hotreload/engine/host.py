@@ -98,8 +98,6 @@ class ModelHost:
         self._restart_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
         self._stopping = False
-        #: Notes about this model's versions already said (each is said once).
-        self._said: set[str] = set()
         #: Copy of the code and weights of the version serving now (None: use the disk).
         self.good_snapshot: Snapshot | None = None
         #: strategy "respawn": the worker started ahead of time for the next reload.
@@ -259,12 +257,7 @@ class ModelHost:
             await worker.stop(self.model.deadlines.stop_s)
             self.set_state("failed", error=str(exc))
             self.last_error = str(exc)
-            # Its requests are answered at once (the other models keep serving), until a
-            # reload brings it up (`open_gate` clears this).
-            self.router.unavailable_reason = (
-                f"model {self.name!r} failed to start ({exc.phase}: {exc}); fix it, then "
-                f"reload it (save it under `watch`, or `hotreload reload {self.name}`)"
-            )
+            self.router.refuse_until_reload(f"failed to start ({exc.phase}: {exc})")
             raise
         except BaseException:
             await worker.kill()  # cancelled (Ctrl-C during the first load)
@@ -314,9 +307,7 @@ class ModelHost:
     def note(self, notes: list[str] | None) -> None:
         """Say each of a version's notes (outputs left out of replies) once per session."""
         for text in notes or []:
-            if text not in self._said:
-                self._said.add(text)
-                self.events.emit("model_note", model=self.name, message=text)
+            self.events.emit_once("model_note", model=self.name, message=text)
 
     # ------------------------------------------------------------------ failure handling
 

@@ -313,6 +313,14 @@ class ModelRouter:
 
     # ------------------------------------------------------------------ reload support
 
+    def refuse_until_reload(self, why: str) -> None:
+        """Answer this model's requests at once with `why` (the other models keep serving)
+        until a reload brings it up (`open_gate` ends it)."""
+        self.unavailable_reason = (
+            f"model {self.name!r} {why}; fix it, then reload it (save it under `watch`, or "
+            f"`hotreload reload {self.name}`)"
+        )
+
     def open_gate(self) -> None:
         self._gate_open = True
         self.unavailable_reason = None

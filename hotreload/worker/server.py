@@ -118,8 +118,7 @@ class Worker:
             # Its client has been answered "timed out" already: computing it would only hold
             # up the requests behind it (a reload's drain among them).
             self.skipped += 1
-            message = "request timed out while it waited in the worker; not computed"
-            self.send(error_header(h["id"], "timeout", message))
+            self.send(error_header(h["id"], "timeout", "timed out in the worker; not computed"))
             return
         self.busy_since = time.monotonic()
         try:
@@ -130,10 +129,8 @@ class Worker:
                 names = list(tensors)
             else:
                 names = [e["name"] for e in mv.input_signature]
-            if mv.device.type == "cpu":
-                inputs = {k: tensors[k] for k in names}
-            else:
-                inputs = {k: to_device(tensors[k], mv.device) for k in names}
+            cpu = mv.device.type == "cpu"
+            inputs = {k: tensors[k] if cpu else to_device(tensors[k], mv.device) for k in names}
             params = h.get("parameters")
             if params:
                 try:
@@ -319,9 +316,7 @@ class Worker:
         freed = max(0, before - loader.allocated_bytes(self.device))
         self.send({"id": frame.header["id"], "ok": True, "freed_bytes": freed})
         if self.device.type == "cpu" and mv is not None:
-            # After the reply, off the reload's path: glibc keeps a dropped version's pages
-            # for reuse, and the worker's RSS would step up with every in-place reload.
-            return_free_heap()
+            return_free_heap()  # after the reply; else RSS steps up with each in-place reload
 
     def op_retire(self, frame: Frame) -> None:
         """Drop every version and wait idle: this worker, retired after a respawn reload,
