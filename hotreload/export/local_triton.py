@@ -14,10 +14,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+#: The wheel's stub is built against numpy 1.x: under numpy 2 every array it makes or reads
+#: has a zero item size (empty outputs, garbled BYTES), so its Python gets numpy 1.26.
+STUB_NUMPY = "numpy==1.26.4"
 PYTRITON_HINT = (
     "install it with `pip install --no-deps nvidia-pytriton==0.7.0` (--no-deps keeps this "
     "environment's torch and numpy)"
@@ -42,13 +47,19 @@ class LocalTriton:
                 shutil.copy2(f, dest)
         return folder
 
-    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """The server's environment: wheel libraries, this Python's bin first on PATH."""
+    def env(self, python_env: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The server's environment: wheel libraries, `python_env`'s bin first on PATH (the
+        stub's sys.prefix: see `ensure_python_env`)."""
         env = dict(os.environ if base is None else base)
+        # The stub links libpython3.X.so: it must be this Python's own, or the extension
+        # modules of this sys.prefix (_ssl, ...) miss symbols of a different patch release.
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        ldlib = sysconfig.get_config_var("LDLIBRARY") or ""
+        own = libdir if ldlib.endswith(".so") and Path(libdir, ldlib).exists() else ""
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(self.libs), env.get("LD_LIBRARY_PATH", "")) if p
+            p for p in (own, str(self.libs), env.get("LD_LIBRARY_PATH", "")) if p
         )
-        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env["PATH"] = os.pathsep.join((str(python_env / "bin"), env.get("PATH", "")))
         return env
 
     def command(
@@ -93,3 +104,30 @@ def find_local_triton() -> LocalTriton | str:
     if missing:
         return f"the nvidia-pytriton wheel lacks {', '.join(missing)} (Python {py})"
     return LocalTriton(binary=binary, backend_files=files, libs=libs)
+
+
+def ensure_python_env(folder: Path | None = None) -> Path:
+    """A Python environment for the stub: this environment's packages (torch, safetensors,
+    transformers, ...) through a .pth file, with numpy 1.26 in front of them (STUB_NUMPY).
+    Made once (a venv and one wheel, seconds); returns its folder."""
+    folder = folder or Path(sys.prefix) / "triton-python"
+    marker = folder / ".ready"
+    if marker.is_file():
+        return folder
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([str(base), "-m", "venv", "--clear", str(folder)], check=True, timeout=120)
+    py = folder / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", STUB_NUMPY],
+        check=True,
+        timeout=300,
+    )
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()
+    # After the env's own site-packages: its numpy 1.26 wins over this one's numpy 2.
+    ours = sysconfig.get_paths()["purelib"]
+    Path(site, "zz_hotreload_parent.pth").write_text(ours + "\n", encoding="utf-8")
+    marker.write_text(STUB_NUMPY + "\n", encoding="utf-8")
+    return folder
