@@ -91,7 +91,7 @@ def test_declared_shapes_dict_inputs_nested_outputs_and_device(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = make_project(tmp_path, config=SEQ_CONFIG, files={"seq.py": SEQ_MODEL})
-    code, printed, err = export(config, tmp_path / "repo", capsys=capsys)
+    code, _, err = export(config, tmp_path / "repo", capsys=capsys)
     assert code == 0, err
     text = (tmp_path / "repo" / "seq" / "config.pbtxt").read_text()
     assert '{ name: "input_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] }' in text
@@ -122,7 +122,7 @@ def test_model_option_exports_only_that_model(
 def test_a_factory_that_raises_fails_the_export_with_its_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = "def build():\n    raise ValueError('no such layer: blocks.9')\n\ndef example():\n    pass\n"
+    bad = "def build():\n    raise ValueError('no such layer: blocks.9')\n\ndef example(): ...\n"
     config = make_project(
         tmp_path,
         config='[[models]]\nname = "bad"\nentry = "bad.py:build"\nexample = "bad.py:example"\n',

@@ -19,7 +19,13 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 #: The names the exported model.py calls, by the module that defines them.
 ROOTS: dict[str, tuple[str, ...]] = {
-    "hotreload.worker.loader": ("resolve", "load_weights", "call_model", "LoadError", "pick_device"),
+    "hotreload.worker.loader": (
+        "resolve",
+        "load_weights",
+        "call_model",
+        "LoadError",
+        "pick_device",
+    ),
     "hotreload.worker.signatures": (
         "normalise_example",
         "normalise_output",

@@ -102,9 +102,8 @@ def model_config(model: ModelConfig, probe: Mapping[str, Any]) -> str:
     entries = []
     for e in inputs:
         _rank(e["dims"], e, "input")
-        entries.append(
-            f"  {{ name: {_str(e['name'])} data_type: {_type(e, 'input')} dims: {_dims(e['dims'])} }}"
-        )
+        dtype, dims = _type(e, "input"), _dims(e["dims"])
+        entries.append(f"  {{ name: {_str(e['name'])} data_type: {dtype} dims: {dims} }}")
     lines += ["input [", ",\n".join(entries), "]"]
     entries = []
     for o in outputs:
@@ -133,7 +132,8 @@ def _warmup(
 ) -> list[str]:
     """The example input as Triton's warm-up sample: the model is not ready before it ran
     `warmup_iters` times (as hotreload gates readiness on warm-up)."""
-    out = ["model_warmup [", "  {", '    name: "example"', "    batch_size: 1", f"    count: {count}"]
+    out = ["model_warmup [", "  {", '    name: "example"', "    batch_size: 1"]
+    out.append(f"    count: {count}")
     for i, e in enumerate(inputs):
         out += [
             f"    inputs {{ key: {_str(e['name'])} value {{ data_type: {_type(e, 'input')} "
