@@ -14,7 +14,7 @@ from hotreload.cli import main
 from hotreload.export.bundle import bundle_source
 from tests.support import REPO, make_project
 
-SEQ_MODEL = '''
+SEQ_MODEL = """
 import torch
 
 class Seq(torch.nn.Module):
@@ -33,7 +33,7 @@ def build():
 def example():
     return {"input_ids": torch.arange(6).reshape(1, 6),
             "attention_mask": torch.ones(1, 6, dtype=torch.long)}
-'''
+"""
 
 SEQ_CONFIG = """
 [[models]]
@@ -47,9 +47,9 @@ env = { MY_FLAG = "on" }
 """
 
 
-def export(config: Path, out: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> tuple[
-    int, str, str
-]:
+def export(
+    config: Path, out: Path, *args: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
     code = main(["export", "triton", str(out), "--config", str(config), *args])
     captured = capsys.readouterr()
     return code, captured.out, captured.err

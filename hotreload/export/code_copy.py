@@ -24,8 +24,19 @@ from hotreload.config import Config, EntryPoint, ModelConfig
 
 #: Folders never copied: tools' caches, environments, hotreload's own state.
 SKIP_DIRS = frozenset(
-    {".git", ".hg", "__pycache__", ".hotreload", ".venv", "venv", "node_modules",
-     ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
+    {
+        ".git",
+        ".hg",
+        "__pycache__",
+        ".hotreload",
+        ".venv",
+        "venv",
+        "node_modules",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".ipynb_checkpoints",
+    }
 )
 #: A folder larger than this is refused: the entry sits in a project root holding data.
 MAX_CODE_BYTES = 4 * 2**30

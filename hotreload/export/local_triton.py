@@ -124,7 +124,10 @@ def ensure_python_env(folder: Path | None = None) -> Path:
     )
     site = subprocess.run(
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True, timeout=60,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     ).stdout.strip()
     # After the env's own site-packages: its numpy 1.26 wins over this one's numpy 2.
     ours = sysconfig.get_paths()["purelib"]

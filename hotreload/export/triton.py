@@ -207,7 +207,5 @@ def export_triton_main(out_dir: str, config_path: str | None, model: str | None)
             return EXIT_FAILURE
         print("\n".join(describe(done[-1])))
     print(requirements(done))
-    print(
-        f"Start it: tritonserver --model-repository {out} (README: Moving to Triton and KServe)"
-    )
+    print(f"Start it: tritonserver --model-repository {out} (README: Moving to Triton and KServe)")
     return EXIT_OK

@@ -49,5 +49,3 @@ def local_triton() -> LocalTriton:
     if isinstance(found, str):
         pytest.skip(found)
     return found
-
-

@@ -51,9 +51,7 @@ class TritonProcess:
         SHARED.discard(self.proc.pid)
 
 
-def start_triton(
-    triton: LocalTriton, repository: Path, work: Path, *extra: str
-) -> TritonProcess:
+def start_triton(triton: LocalTriton, repository: Path, work: Path, *extra: str) -> TritonProcess:
     """tritonserver on `repository`, on free ports; the caller closes it."""
     backends = triton.backends(work / "backends")
     python_env = ensure_python_env()

@@ -50,7 +50,7 @@ def example():
             "attention_mask": torch.ones(1, 6, dtype=torch.long)}
 '''
 
-BAD = '''
+BAD = """
 import torch
 
 #: The exported copy has this set to True, as an edit would.
@@ -63,7 +63,7 @@ def build():
 
 def example():
     return torch.ones(1, 4)
-'''
+"""
 
 CONFIG = """
 [[models]]
@@ -108,9 +108,19 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     (proj / "hotreload.toml").write_text(CONFIG)
     repo = root / "repo"
     done = subprocess.run(
-        [sys.executable, "-m", "hotreload", "export", "triton", str(repo), "--config",
-         str(proj / "hotreload.toml")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "hotreload",
+            "export",
+            "triton",
+            str(repo),
+            "--config",
+            str(proj / "hotreload.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     broken = repo / "bad" / "1" / "code" / "model.py"
@@ -118,8 +128,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     return proj / "hotreload.toml", repo, done.stdout
 
 
-def wait_loaded(client: httpclient.InferenceServerClient, server: TritonProcess,
-                names: set[str], timeout: float = 240) -> dict[str, dict[str, Any]]:
+def wait_loaded(
+    client: httpclient.InferenceServerClient,
+    server: TritonProcess,
+    names: set[str],
+    timeout: float = 240,
+) -> dict[str, dict[str, Any]]:
     """Poll the repository index until every model in `names` is READY or UNAVAILABLE."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -161,12 +175,19 @@ def hotreload_http(exported: tuple[Path, Path, str]) -> Iterator[httpclient.Infe
         SHARED.discard(proc.proc.pid)
 
 
-def infer(client: httpclient.InferenceServerClient, model: str, inputs: dict[str, np.ndarray],
-          **kwargs: Any) -> httpclient.InferResult:
+def infer(
+    client: httpclient.InferenceServerClient,
+    model: str,
+    inputs: dict[str, np.ndarray],
+    **kwargs: Any,
+) -> httpclient.InferResult:
     wire = []
     for name, arr in inputs.items():
-        dtype = "BYTES" if arr.dtype == object else {"float32": "FP32", "int64": "INT64"}[
-            arr.dtype.name]
+        dtype = (
+            "BYTES"
+            if arr.dtype == object
+            else {"float32": "FP32", "int64": "INT64"}[arr.dtype.name]
+        )
         i = httpclient.InferInput(name, list(arr.shape), dtype)
         i.set_data_from_numpy(arr)
         wire.append(i)
@@ -189,9 +210,11 @@ def test_triton_loads_the_exports_and_reports_ready(triton: Any) -> None:
         assert client.is_model_ready(name)
     meta = client.get_model_metadata("seq")
     assert {i["name"]: i["shape"] for i in meta["inputs"]} == {
-        "input_ids": ["-1", "-1"], "attention_mask": ["-1", "-1"]
+        "input_ids": ["-1", "-1"],
+        "attention_mask": ["-1", "-1"],
     } or {i["name"]: i["shape"] for i in meta["inputs"]} == {
-        "input_ids": [-1, -1], "attention_mask": [-1, -1]
+        "input_ids": [-1, -1],
+        "attention_mask": [-1, -1],
     }
     assert [o["name"] for o in meta["outputs"]] == ["hidden", "pooled.sum", "pooled.max"]
 
@@ -252,9 +275,7 @@ def test_a_bad_request_fails_alone_with_the_models_message(triton: Any) -> None:
     arr = np.array(["Hello"], dtype=object)
     with pytest.raises(InferenceServerException) as info:
         infer(client, "gen", {"input": arr}, parameters={"temperature": 2})
-    assert "does not take parameter(s) ['temperature']; it takes max_new_tokens" in str(
-        info.value
-    )
+    assert "does not take parameter(s) ['temperature']; it takes max_new_tokens" in str(info.value)
     # The instance still serves.
     ok = infer(client, "gen", {"input": arr}, parameters={"max_new_tokens": 3})
     assert len(ok.as_numpy("output")[0]) == 3
@@ -266,9 +287,21 @@ def test_model_option_exports_one_model_that_triton_serves(
     config, _, _ = exported
     repo = tmp_path / "one"
     done = subprocess.run(
-        [sys.executable, "-m", "hotreload", "export", "triton", str(repo), "--config",
-         str(config), "--model", "mlp"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "hotreload",
+            "export",
+            "triton",
+            str(repo),
+            "--config",
+            str(config),
+            "--model",
+            "mlp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert [p.name for p in repo.iterdir()] == ["mlp"]
