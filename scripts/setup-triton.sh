@@ -7,7 +7,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTRITON=nvidia-pytriton==0.7.0
-if ! .venv/bin/python -c "import pytriton" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import importlib.util as u; assert u.find_spec('pytriton')" >/dev/null 2>&1; then
   echo "setting up tests: installing $PYTRITON (tritonserver 2.51, about 55 MB) with" \
     "--no-deps, so the pinned torch and numpy stay" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "$PYTRITON" \
