@@ -185,6 +185,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -
 
 
 def _cpu_seconds(pid: int) -> float:
+    """CPU time of the server's process tree, ended children included (a reloaded Triton
+    stub or a retired hotreload worker counts in its reaping parent's children_* times)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -194,7 +196,7 @@ def _cpu_seconds(pid: int) -> float:
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            total += t.user + t.system + t.children_user + t.children_system
         except psutil.NoSuchProcess:
             pass
     return total
@@ -310,7 +312,12 @@ def report(run: Run, baseline: Run | None) -> None:
     print(line + f" {cpu:>8.3f}", flush=True)
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # runs the `finally` that stops the server
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[32, 200])
     parser.add_argument("--seconds", type=float, default=24.0)

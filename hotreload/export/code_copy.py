@@ -63,6 +63,8 @@ class CodeCopy:
     requires: dict[str, str] = field(default_factory=dict)
     #: Module entries found nowhere under the project root (installed packages).
     installed: list[str] = field(default_factory=list)
+    #: Copied files that import hotreload (a client script, say), relative to code/.
+    hotreload_importers: list[str] = field(default_factory=list)
 
 
 def _ignore(skip: Iterable[Path]) -> Any:
@@ -157,7 +159,7 @@ def copy_code(config: Config, model: ModelConfig, version_dir: Path, skip: list[
         dest.parent.mkdir(exist_ok=True)
         shutil.copy2(w, dest)
         out.weights.append(dest.relative_to(version_dir).as_posix())
-    out.requires = third_party_imports(code)
+    out.requires, out.hotreload_importers = third_party_imports(code)
     return out
 
 
@@ -175,12 +177,15 @@ def _local_names(code: Path) -> set[str]:
     return names
 
 
-def third_party_imports(code: Path) -> dict[str, str]:
+def third_party_imports(code: Path) -> tuple[dict[str, str], list[str]]:
     """Distributions the copied code imports (name -> version installed here), found by
-    reading its imports: everything not in the standard library and not copied along."""
+    reading its imports: everything not in the standard library and not copied along; and
+    the files that import hotreload (kept apart: the exported model never needs it, unless
+    the model's own code imports it)."""
     local = _local_names(code)
     tops: set[str] = set()
-    for path in code.rglob("*.py"):
+    importers: list[str] = []
+    for path in sorted(code.rglob("*.py")):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except SyntaxError:
@@ -190,6 +195,9 @@ def third_party_imports(code: Path) -> dict[str, str]:
                 tops.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 tops.add(node.module.split(".")[0])
+        if "hotreload" in tops:
+            importers.append(path.relative_to(code).as_posix())
+            tops.discard("hotreload")
     tops -= set(sys.stdlib_module_names) | local | {"__future__"}
     dists = importlib.metadata.packages_distributions()
     out: dict[str, str] = {}
@@ -199,4 +207,4 @@ def third_party_imports(code: Path) -> dict[str, str]:
                 out[dist] = importlib.metadata.version(dist)
             except importlib.metadata.PackageNotFoundError:
                 out[dist] = "not installed here"
-    return out
+    return out, importers

@@ -135,6 +135,11 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
             f"{', '.join(code.installed)} is not under {config.root}: it is imported from the "
             "installed package, which Triton's Python environment must have too"
         )
+    if code.hotreload_importers:
+        notes.append(
+            f"{', '.join(code.hotreload_importers)} in 1/code/ import hotreload; the exported "
+            "model does not need it unless the model's own code imports it"
+        )
     return Exported(model.name, target, probe, text, code, notes)
 
 
@@ -179,7 +184,8 @@ def describe(e: Exported) -> list[str]:
 
 def requirements(exported: list[Exported]) -> str:
     """What Triton's Python environment must contain, as one sentence."""
-    need = {"torch": _version("torch"), "numpy": _version("numpy")}
+    # torch without its local build tag (+cpu here): Triton's machine picks its own build.
+    need = {"torch": _version("torch").split("+")[0], "numpy": _version("numpy")}
     if any(w.endswith(".safetensors") for e in exported for w in e.code.weights):
         need["safetensors"] = _version("safetensors")
     for e in exported:
