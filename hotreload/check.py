@@ -23,15 +23,14 @@ from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.host import BringUpError
 from hotreload.engine.session import Session
-from hotreload.engine.signature import describe_dynamic, dims_of
+from hotreload.engine.signature import describe_dynamic, stand_in_inputs
 from hotreload.engine.stats import percentile
 from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.paths import ensure_state_dir, write_private_file
 from hotreload.preflight import preflight
-from hotreload.protocol.tensors import WIRE_DTYPES, decode_tensors, encode_tensors
-from hotreload.protocol.text import BYTES
+from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
 MIB = 2**20
 RECORD_FILE = "check-record.json"
@@ -79,22 +78,8 @@ def _memory_figure(status: dict[str, Any]) -> tuple[str, int]:
 
 
 def _example_request(router: Any, resize: bool = False) -> tuple[dict[str, Any], bytes]:
-    """Zeros shaped like the example input (batch 1), as a wire request; strings are "a".
-    `resize`: every declared dynamic dimension past the batch one smaller (two when it is
-    1), to check that the model really takes other sizes there."""
-    named: dict[str, Any] = {}
-    for entry in router.input_signature:
-        dims = dims_of(entry)
-        shape = [1, *entry["shape"][1:]] if entry["shape"] else []
-        if resize:
-            shape = [
-                (s - 1 if s > 1 else 2) if i and dims[i] == -1 else s for i, s in enumerate(shape)
-            ]
-        if entry["dtype"] == BYTES:
-            named[entry["name"]] = np.full(shape, "a", dtype=object)
-        else:
-            named[entry["name"]] = np.zeros(shape, dtype=WIRE_DTYPES[entry["dtype"]])
-    metas, blobs = encode_tensors(named)
+    """Stand-in inputs (zeros, batch 1) as a wire request; see `stand_in_inputs`."""
+    metas, blobs = encode_tensors(stand_in_inputs(router.input_signature, resize))
     return {"tensors": metas, "form": router.input_form}, b"".join(bytes(b) for b in blobs)
 
 

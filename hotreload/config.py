@@ -21,6 +21,7 @@ if sys.version_info >= (3, 11):  # noqa: UP036 - tomli kept for a 3.10 backport
 else:  # pragma: no cover - the project requires 3.11, kept for forks on 3.10
     import tomli as tomllib
 
+from hotreload import config_weights as cw
 from hotreload.config_shapes import parse_shapes
 from hotreload.errors import ConfigError, did_you_mean
 
@@ -47,15 +48,18 @@ class EntryPoint:
     module: str | None
     #: Absolute path of the file, or None when the entry is a module name.
     file: Path | None
-    #: Attribute name inside the module (may be dotted: `Class.build`).
+    #: Attribute name inside the module (may be dotted: `Class.build`); "" for TorchScript.
     attr: str
+    #: `file` is a TorchScript archive (torch.jit.save) that is the model: no factory.
+    torchscript: bool = False
 
-    def to_wire(self) -> dict[str, str | None]:
+    def to_wire(self) -> dict[str, Any]:
         return {
             "spec": self.spec,
             "module": self.module,
             "file": str(self.file) if self.file else None,
             "attr": self.attr,
+            "torchscript": self.torchscript,
         }
 
 
@@ -98,6 +102,8 @@ class ModelConfig:
     entry: EntryPoint
     example: EntryPoint
     weights: tuple[Path, ...] = ()
+    #: How the weights files' keys map onto the module's (a factory that wraps the model).
+    weights_prefix: cw.WeightsPrefix | None = None
     device: str = "auto"
     warmup_iters: int = 3
     max_queue_size: int = 256
@@ -393,6 +399,7 @@ _MODEL_KEYS = (
     "entry",
     "example",
     "weights",
+    "weights_prefix",
     "device",
     "warmup_iters",
     "max_queue_size",
@@ -519,6 +526,9 @@ def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Con
 
 def _parse_entry(value: str, *, checker: _Checker, key: str, root: Path) -> EntryPoint:
     where = checker.sub(key)
+    if key == "entry" and cw.looks_like_torchscript_entry(value):
+        file = cw.torchscript_entry_file(value, checker=checker, key=key, root=root)
+        return EntryPoint(spec=value, module=None, file=file, attr="", torchscript=True)
     if value.count(":") != 1:
         checker.fail(
             where,
@@ -555,18 +565,8 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         m.get("example", str, None, "a string"), checker=m, key="example", root=root
     )
 
-    weights: list[Path] = []
-    for i, item in enumerate(m.str_list("weights")):
-        p = Path(item).expanduser()
-        p = p if p.is_absolute() else root / p
-        if not p.is_file():
-            m.fail(f"{m.sub('weights')}[{i}]", f"file {p} does not exist")
-        if p.suffix not in (".safetensors", ".pt", ".pth", ".bin"):
-            m.fail(
-                f"{m.sub('weights')}[{i}]",
-                f"expected a .safetensors, .pt, .pth or .bin file, got {p.name!r}",
-            )
-        weights.append(p.resolve())
+    weights = cw.parse_weights(m, root)
+    weights_prefix = cw.parse_weights_prefix(m, weights)
 
     device = os.environ.get(DEVICE_ENV) or m.get("device", str, "auto", "a string")
     if not _DEVICE_RE.match(device):
@@ -611,6 +611,8 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
     if not watch:
         # Default: the folder of the entry file, or the project root for module entries.
         watch.append(entry.file.parent if entry.file else root.resolve())
+    if entry.torchscript and entry.file is not None:
+        watch = cw.watch_with_entry(watch, entry.file)
 
     expected = m.get("expected_output", dict, None, 'a table { shape = [...], dtype = "..." }')
     if expected is not None:
@@ -638,7 +640,8 @@ def _parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig
         name=name,
         entry=entry,
         example=example,
-        weights=tuple(weights),
+        weights=weights,
+        weights_prefix=weights_prefix,
         device=device,
         warmup_iters=m.integer("warmup_iters", 3, minimum=0, maximum=10_000),
         max_queue_size=m.integer("max_queue_size", 256, minimum=1, maximum=1_000_000),

@@ -22,10 +22,14 @@ max_frame_mib = 64
 name = "model"                       # required: letters, digits, _ . -
 entry = "model.py:build"             # required: "file.py:callable" or "package.module:callable"
                                      #   returning a torch.nn.Module (or any callable)
+                                     #   or "model.pt": a TorchScript archive (torch.jit.save)
 example = "model.py:example_input"   # required: callable returning an example input
                                      #   (tensor, tuple of tensors, or dict name -> tensor)
 # weights = ["weights.safetensors"]  # loaded strictly after build(): .safetensors or
-                                     #   .pt/.pth (torch.load with weights_only=True)
+                                     #   .pt/.pth (torch.load with weights_only=True);
+                                     #   tied parameters stored once load into each name
+# weights_prefix = "inner."          # put in front of the files' keys (a factory that
+                                     #   wraps the model); or { strip = "model.", add = "" }
 device = "auto"                      # "auto" (first CUDA device, else cpu), "cpu", "cuda:N"
 warmup_iters = 3                     # example passes before a version serves
 max_queue_size = 256                 # a full queue rejects at once ("Exceeds maximum queue size")

@@ -25,7 +25,7 @@ from hotreload.config import load_config
 from hotreload.engine.cpus import plan_cpus
 from hotreload.engine.locks import LOCK_DIR_ENV, DeviceLocks, default_lock_dir, open_lock_file
 from hotreload.errors import HotreloadError
-from tests.support import ServeProcess, make_project
+from tests.support import ServeProcess, make_project, wait_until
 
 IS_ROOT = os.geteuid() == 0
 
@@ -211,6 +211,14 @@ def test_state_is_private_to_the_user(open_project: Path, serve: ServeProcess.Fa
     assert _mode(state) == 0o700
     for name in ("events.jsonl", "session.json", ".gitignore"):
         assert _mode(state / name) == 0o600, name
+    # The report's figures too, written once requests flow.
+    import numpy as np
+
+    from hotreload import Client
+
+    Client(config=open_project).infer("mlp", np.zeros((1, 64), np.float32))
+    wait_until(lambda: (state / "stats.jsonl").exists(), 30, what="stats.jsonl")
+    assert _mode(state / "stats.jsonl") == 0o600
 
 
 def test_another_user_cannot_read_the_state(

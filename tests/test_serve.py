@@ -396,3 +396,52 @@ def test_ctrl_c_during_a_long_first_load_stops_at_once(tmp_path: Path, serve) ->
     assert session.stop(signal.SIGINT, timeout=30) == 0
     assert time.monotonic() - t0 < 25, "the stop waited for the 60 s load"
     assert "stopping before the models were ready" in session.output
+
+
+BROKEN_AT_START = '''
+import torch
+
+def build():
+    return undefined_name  # fixed by the test once the session serves the other model
+
+def example():
+    return torch.ones(1, 4)
+'''
+
+
+def test_a_model_that_fails_at_start_never_takes_the_others_down(tmp_path: Path, serve) -> None:
+    config = make_project(tmp_path)
+    config.write_text(
+        config.read_text()
+        + '\n[[models]]\nname = "broken"\nentry = "broken.py:build"\n'
+        'example = "broken.py:example"\nthreads = 1\nwarmup_iters = 1\n'
+    )
+    (config.parent / "broken.py").write_text(BROKEN_AT_START)
+    session = serve(config)
+    session.wait_for("1 model(s) failed to start and answer with why: broken")
+    assert "serving 1 model(s)" in session.output and session.proc.poll() is None
+    client = Client(config=config, timeout_s=30)
+    x = np.zeros((1, 64), np.float32)
+    assert client.infer("mlp", x).version == 1
+    with pytest.raises(WorkerUnavailableError, match=r"failed to start .*NameError"):
+        client.infer("broken", np.ones((1, 4), np.float32))
+    # Fixed and reloaded: it comes up beside the model that kept serving.
+    fixed = BROKEN_AT_START.replace("undefined_name", "torch.nn.Identity()")
+    (config.parent / "broken.py").write_text(fixed)
+    outcome = client.reload("broken")["outcomes"][0]
+    assert outcome["ok"], outcome
+    out, _, _ = client.infer("broken", np.ones((1, 4), np.float32))
+    assert out.tolist() == [[1.0] * 4]
+    assert client.infer("mlp", x).version == 1
+
+
+def test_serve_exits_1_when_no_model_can_start(tmp_path: Path, serve) -> None:
+    config = make_project(
+        tmp_path,
+        config='[[models]]\nname = "broken"\nentry = "broken.py:build"\n'
+        'example = "broken.py:example"\nthreads = 1\n',
+        files={"broken.py": BROKEN_AT_START},
+    )
+    session = serve(config, wait_ready=False)
+    assert session.proc.wait(120) == 1
+    assert "NameError" in session.output

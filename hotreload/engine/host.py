@@ -53,6 +53,8 @@ class VersionInfo:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     input_form: str = "single"
     footprint_bytes: int = 0
+    #: Digest of the example's output, when weights are declared (worker/weights.py).
+    output_digest: str | None = None
 
 
 #: Niceness of a standby worker's start-up (imports): it takes spare CPU only.
@@ -230,7 +232,7 @@ class ModelHost:
             r = await worker.request(
                 "smoke", d.smoke_s, target="staged", previous_outputs=previous_outputs
             )
-            info.outputs = r["outputs"]
+            info.outputs, info.output_digest = r["outputs"], r.get("output_digest")
             self.note(r.get("notes"))
             phase = "swap"
             await worker.request("swap", d.smoke_s)
@@ -257,6 +259,12 @@ class ModelHost:
             await worker.stop(self.model.deadlines.stop_s)
             self.set_state("failed", error=str(exc))
             self.last_error = str(exc)
+            # Its requests are answered at once (the other models keep serving), until a
+            # reload brings it up (`open_gate` clears this).
+            self.router.unavailable_reason = (
+                f"model {self.name!r} failed to start ({exc.phase}: {exc}); fix it, then "
+                f"reload it (save it under `watch`, or `hotreload reload {self.name}`)"
+            )
             raise
         except BaseException:
             await worker.kill()  # cancelled (Ctrl-C during the first load)

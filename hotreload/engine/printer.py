@@ -63,7 +63,7 @@ def format_event(e: dict[str, Any]) -> str | None:
     if kind == "standby_ready":
         how = f" (kept after {e.get('after') or 'serving'})" if e.get("recycled") else ""
         return f"{m}: standby worker pid {e.get('pid')}{how} ready for the next reload"
-    if kind == "snapshot_rewritten":
+    if kind in ("snapshot_rewritten", "weights_override"):
         return f"{m}: warning: {e.get('message')}"
     if kind == "recycle_disabled":
         return f"{m}: {e.get('reason')}; from now on each standby is a fresh process"

@@ -34,6 +34,8 @@ class ReloadPhases:
 
     host: ModelHost
     events: Any
+    #: The weights-override warning was given (once per session per model).
+    override_warned: bool
 
     async def _phase(
         self,
@@ -166,7 +168,7 @@ class ReloadPhases:
             r = await worker.request(
                 "smoke", None, target="staged", previous_outputs=previous, **pace()
             )
-            info.outputs = r["outputs"]
+            info.outputs, info.output_digest = r["outputs"], r.get("output_digest")
             self.host.note(r.get("notes"))
             sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
             return {"detail": sig + _paced(r)}
@@ -177,7 +179,37 @@ class ReloadPhases:
             "warm", outcome, warm, deadline_s=d.warm_s, state="warming" if cold else None
         )
         await self._phase("smoke", outcome, smoke, deadline_s=d.smoke_s)
+        self._warn_weights_override(job, info)
         return info
+
+    def _warn_weights_override(self, job: ReloadJob, info: VersionInfo) -> None:
+        """Once: an edit of the code left the example's output the same to the bit, and
+        weights are declared. Likely the edit changed a value build() sets parameters from
+        (SCALE), which the weights file then overwrote: without a word, it looks as if
+        reloading did not work."""
+        host, old = self.host, self.host.current
+        if (
+            self.override_warned
+            or job.weights_only
+            or "file" not in job.trigger.split("+")
+            or old is None
+            or info.output_digest is None
+            or info.output_digest != old.output_digest
+        ):
+            return
+        self.override_warned = True
+        files = ", ".join(p.name for p in host.model.weights)
+        self.events.emit(
+            "weights_override",
+            model=host.name,
+            version=info.version,
+            message=(
+                f"v{info.version} answers the example exactly as v{old.version} did although "
+                f"its code changed: {files} is loaded after build() and overrides the "
+                "parameters build() sets, so editing a value they are initialised from changes "
+                "nothing; change the weights file, or apply the value in forward() (shown once)"
+            ),
+        )
 
     async def _gate_drain_sync(self, worker: WorkerProcess, outcome: ReloadOutcome) -> None:
         host, d = self.host, self.host.model.deadlines

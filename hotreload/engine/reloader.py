@@ -57,6 +57,7 @@ class Reloader(RespawnPhases):
         self._closed = False
         self._standby_task = None
         self.recycle_off = None
+        self.override_warned = False
 
     @property
     def busy(self) -> bool:

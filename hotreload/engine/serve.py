@@ -64,11 +64,24 @@ async def run_until_signal(
 async def _serve(config: Config) -> int:
     session = Session(config)
     session.events.subscribe(PlainPrinter())
-    return await run_until_signal(
-        session.start,
-        session.stop,
-        lambda: f"serving {len(session.hosts)} model(s) on {session.socket_path} - Ctrl-C to stop",
-    )
+    failed: list[str] = []
+
+    async def start() -> None:
+        # One model that cannot start does not take the others down; with none up, exit 1.
+        failed[:] = await session.start(keep_others=True)
+
+    def banner() -> str:
+        up = len(session.hosts) - len(failed)
+        text = f"serving {up} model(s) on {session.socket_path} - Ctrl-C to stop"
+        if failed:
+            names = ", ".join(failed)
+            text += (
+                f"\n{len(failed)} model(s) failed to start and answer with why: {names}; "
+                f"fix, then `hotreload reload {failed[0]}`"
+            )
+        return text
+
+    return await run_until_signal(start, session.stop, banner)
 
 
 def run_with_config(

@@ -132,8 +132,10 @@ class Session:
             models=list(self.hosts),
         )
 
-    async def start(self) -> None:
-        """Open the socket, then bring every model up (in parallel). Raises on a failed model."""
+    async def start(self, *, keep_others: bool = False) -> list[str]:
+        """Open the socket, then bring every model up (in parallel). Raises on a failed model;
+        with `keep_others`, only when no model came up, and returns the names of those that
+        failed (the others serve; a failed one answers its requests with why)."""
         await self.open()
         results = await asyncio.gather(
             *(r.start_host() for r in self.reloaders.values()), return_exceptions=True
@@ -153,7 +155,9 @@ class Session:
                     error=str(err),
                     traceback=detail,
                 )
-            raise errors[0][1]
+            if not keep_others or len(errors) == len(self.hosts):
+                raise errors[0][1]
+        return [h.name for h, _ in errors]
 
     async def stop(self) -> None:
         """Stop intake, drain and stop every worker, remove the socket."""

@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from hotreload.protocol.tensors import BF16, WIRE_DTYPES
+from hotreload.protocol.text import BYTES
+
 #: Parameter values a request may carry (JSON scalars, and lists of them).
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -113,3 +118,37 @@ def describe_dynamic(signature: Sequence[Mapping[str, Any]]) -> str | None:
         if any(d == -1 for d in dims_of(e)[1:])
     ]
     return ", ".join(parts) or None
+
+
+def stand_in_inputs(
+    signature: Sequence[Mapping[str, Any]], resize: bool = False
+) -> dict[str, np.ndarray]:
+    """Zeros shaped like the example input (batch 1; strings are "a"), for checks and demo
+    traffic. `resize`: every declared dynamic dimension past the batch one smaller (two
+    when it is 1), to see that the model really takes other sizes there."""
+    named: dict[str, np.ndarray] = {}
+    for entry in signature:
+        dims = dims_of(entry)
+        shape = [1, *entry["shape"][1:]] if entry["shape"] else []
+        if resize:
+            shape = [
+                (s - 1 if s > 1 else 2) if i and dims[i] == -1 else s for i, s in enumerate(shape)
+            ]
+        if entry["dtype"] == BYTES:
+            named[entry["name"]] = np.full(shape, "a", dtype=object)
+        elif entry["dtype"] == BF16:
+            named[entry["name"]] = np.zeros(shape, dtype=_bf16_dtype())
+        else:
+            named[entry["name"]] = np.zeros(shape, dtype=WIRE_DTYPES[entry["dtype"]])
+    return named
+
+
+def _bf16_dtype() -> Any:
+    """numpy's bfloat16 from ml_dtypes (which tritonclient brings); a clear error without."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ValueError(
+            "a bfloat16 input needs the ml_dtypes package for numpy (pip install ml_dtypes)"
+        ) from None
+    return ml_dtypes.bfloat16

@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hotreload.engine.stats import percentile
+from hotreload.errors import HotreloadError
+from hotreload.paths import open_private
 
 if TYPE_CHECKING:
     from hotreload.engine.session import Session
@@ -111,7 +114,9 @@ class StatsRecorder:
         if self._failed:
             return
         try:
-            with self.path.open("a", encoding="utf-8") as f:
+            # Private like every state file (0600, no link followed): it names the models.
+            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
-        except OSError:
+        except (OSError, HotreloadError):
             self._failed = True  # a full disk: the report lacks figures, serving goes on

@@ -76,6 +76,7 @@ def worker_spec(
         "entry": model.entry.to_wire(),
         "example": model.example.to_wire(),
         "weights": [str(p) for p in model.weights],
+        "weights_prefix": model.weights_prefix.to_wire() if model.weights_prefix else None,
         "device": model.device,
         "warmup_iters": model.warmup_iters,
         "threads": (

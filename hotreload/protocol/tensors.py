@@ -79,9 +79,12 @@ def encode_tensors(named: Mapping[str, Any]) -> tuple[list[TensorMeta], list[byt
         if dtype_name not in WIRE_DTYPES:
             raise ProtocolError(
                 f"tensor {name!r} has dtype {dtype_name}, which cannot travel; "
-                f"use one of {', '.join(WIRE_DTYPES)}"
+                f"use one of {', '.join(ALL_WIRE_DTYPES)}"
             )
-        arr = np.ascontiguousarray(arr, dtype=WIRE_DTYPES[dtype_name])
+        if dtype_name == BF16:  # ml_dtypes' bfloat16 (what tritonclient's numpy uses): bits
+            arr = np.ascontiguousarray(arr).view(WIRE_DTYPES[BF16])
+        else:
+            arr = np.ascontiguousarray(arr, dtype=WIRE_DTYPES[dtype_name])
         data = memoryview(arr).cast("B") if arr.nbytes else b""
         metas.append(
             {"name": name, "dtype": dtype_name, "shape": list(arr.shape), "nbytes": arr.nbytes}

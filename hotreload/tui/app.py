@@ -269,6 +269,8 @@ class DashboardApp(App[int]):
             self.notify(str(e.get("message")), severity="information" if e.get("ok") else "warning")
         elif kind == "watch_error":
             self.notify(f"watcher: {e.get('error')}", severity="warning")
+        elif kind == "weights_override":
+            self.notify(f"{m}: {e.get('message')}", severity="warning", timeout=15)
 
     # ------------------------------------------------------------------ rendering
 

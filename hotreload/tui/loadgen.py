@@ -9,9 +9,8 @@ import math
 import time
 from typing import Any
 
-import numpy as np
-
 from hotreload.client import AsyncClient
+from hotreload.engine.signature import stand_in_inputs
 
 #: Base requests per second over all models (waves reach 3x).
 DEFAULT_RATE = 300
@@ -21,11 +20,8 @@ MAX_OUTSTANDING = 128
 
 
 def example_inputs(form: str, signature: list[dict[str, Any]]) -> Any:
-    """Zeros shaped like the model's example input (batch 1)."""
-    arrays = {
-        s["name"]: np.zeros([1, *s["shape"][1:]] if s["shape"] else [], dtype=s["dtype"])
-        for s in signature
-    }
+    """Zeros shaped like the model's example input (batch 1; strings are "a")."""
+    arrays = stand_in_inputs(signature)
     if form == "dict":
         return arrays
     if form == "tuple":

@@ -11,7 +11,6 @@ import gc
 import importlib
 import importlib.util
 import os
-import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ import torch
 from hotreload import runtime
 from hotreload.errors import did_you_mean
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
+from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
 from hotreload.worker.signatures import (
     FORM_SINGLE,
@@ -36,10 +36,7 @@ from hotreload.worker.signatures import (
     normalise_output,
     output_signature,
 )
-
-
-class LoadError(Exception):
-    """A user-facing failure to build, warm or smoke a version (message says what to fix)."""
+from hotreload.worker.weights import load_weights, torchscript_factory
 
 
 @dataclass
@@ -198,64 +195,6 @@ def _callables(obj: Any) -> list[str]:
     return out
 
 
-# ----------------------------------------------------------------------------- weights
-
-
-def load_weights(model: Any, files: Sequence[str], device: torch.device) -> None:
-    """Load safetensors or weights-only torch files into `model`, strictly."""
-    if not files:
-        return
-    if not isinstance(model, torch.nn.Module):
-        raise LoadError(
-            f"weights are configured but the factory returned {type(model).__name__}, "
-            "not a torch.nn.Module; load the weights inside the factory or remove `weights`"
-        )
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        path = Path(name)
-        if not path.is_file():
-            raise LoadError(f"weights file {path} does not exist")
-        try:
-            if path.suffix == ".safetensors":
-                from safetensors.torch import load_file
-
-                part = load_file(str(path), device="cpu")
-            else:
-                # weights_only: a checkpoint must never be able to run code on load.
-                part = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # torch's advice (allow-list globals, weights_only=False) cannot apply here.
-            raise LoadError(
-                f"weights file {path} holds a pickled object, not a state dict: save "
-                "`model.state_dict()` instead (torch.save(model.state_dict(), path))"
-            ) from None
-        except Exception as exc:
-            raise LoadError(f"cannot read weights file {path}: {exc}") from exc
-        if isinstance(part, dict) and "state_dict" in part and isinstance(part["state_dict"], dict):
-            part = part["state_dict"]
-        if not isinstance(part, dict):
-            raise LoadError(f"weights file {path} holds {type(part).__name__}, not a state dict")
-        state.update(part)
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # size mismatches
-        raise LoadError(
-            f"weights do not match the model: {exc}; check that the weights file was saved "
-            "from this model's code"
-        ) from None
-    problems = []
-    if result.missing_keys:
-        problems.append(f"missing keys: {', '.join(result.missing_keys[:8])}")
-    if result.unexpected_keys:
-        problems.append(f"unexpected keys: {', '.join(result.unexpected_keys[:8])}")
-    if problems:
-        raise LoadError(
-            "weights do not match the model ("
-            + "; ".join(problems)
-            + "); check that the weights file was saved from this model's code"
-        )
-
-
 # ----------------------------------------------------------------------------- inputs/outputs
 
 
@@ -316,7 +255,7 @@ def build_version(
     stream = None
     runtime.set_loading_version(version)
     try:
-        factory = resolve(spec["entry"], root)
+        factory = torchscript_factory(spec["entry"]) or resolve(spec["entry"], root)
         example_fn = resolve(spec["example"], root)
         step_done()
         model = factory()
@@ -326,7 +265,7 @@ def build_version(
                 f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
-        load_weights(model, spec.get("weights") or [], device)
+        load_weights(model, spec.get("weights") or [], spec.get("weights_prefix"), root=str(root))
         step_done()
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()

@@ -31,6 +31,7 @@ from hotreload.worker.pacing import Pacer, no_pause
 from hotreload.worker.placement import BuildPlacement
 from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
 from hotreload.worker.signatures import normalise_output
+from hotreload.worker.weights import example_digest
 
 _STOP = object()
 
@@ -266,8 +267,14 @@ class Worker:
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
         )
-        pacer.step_done()
         reply = {"id": h["id"], "ok": True, "outputs": sig, "notes": mv.notes}
+        if self.spec.get("weights"):
+            # The manager compares it across versions: a code edit whose output stays the same
+            # to the bit was overridden by the weights (reload_phases.py warns).
+            reply["output_digest"] = example_digest(
+                lambda: loader.forward(mv, mv.example_form, mv.example)
+            )
+        pacer.step_done()
         self.send({**reply, "paused_s": pacer.paused_s})
 
     # ------------------------------------------------------------------ control (reader thread)

@@ -84,7 +84,7 @@ def load_module(path: Path, name: str) -> Any:
 
 def project(tmp_path: Path, config: str, files: dict[str, str]) -> Path:
     proj = tmp_path / "proj"
-    proj.mkdir()
+    proj.mkdir(parents=True)
     for name, text in files.items():
         (proj / name).write_text(text)
     (proj / "hotreload.toml").write_text(config)
@@ -280,3 +280,63 @@ def test_shapes_values_are_checked_in_the_config(tmp_path: Path) -> None:
     model = {"name": "m", "entry": "m:build", "example": "m:ex", "shapes": {"input": [0, 4]}}
     with pytest.raises(ConfigError, match="use -1 for any size"):
         parse_config({"models": [model]}, path=tmp_path / "hotreload.toml")
+
+
+def test_check_tries_the_declared_dynamic_dimensions_at_another_size(tmp_path: Path) -> None:
+    import subprocess
+
+    fixed_length = ENCODER.replace("    return BertModel(config).eval()", FIXED_LENGTH_MODEL)
+    for source, ok in ((ENCODER, True), (fixed_length, False)):
+        config = project(
+            tmp_path / ("ok" if ok else "bad"),
+            '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'
+            "threads = 1\nwarmup_iters = 1\n"
+            "shapes = { input_ids = [-1, -1], attention_mask = [-1, -1] }\n",
+            {"enc.py": source},
+        )
+        out = subprocess.run(
+            [sys.executable, "-m", "hotreload", "check", "--reloads", "0", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=config.parent,
+        )
+        if ok:
+            assert out.returncode == 0, out.stdout + out.stderr
+            dynamic = "dynamic input_ids [-1, -1], attention_mask [-1, -1]"
+            assert f"{dynamic}: ok at [[1, 15], [1, 15]]" in out.stdout
+        else:
+            assert out.returncode == 1, out.stdout + out.stderr
+            assert "the model failed for inputs of shape [[1, 15], [1, 15]]" in out.stdout
+
+
+#: A model that only takes the example's sequence length, whatever `shapes` says.
+FIXED_LENGTH_MODEL = """    model = BertModel(config).eval()
+
+    class SixteenOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask):
+            assert input_ids.shape[1] == 16, "only 16 tokens"
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    return SixteenOnly()"""
+
+
+def test_demo_traffic_stand_ins_cover_strings_and_bfloat16() -> None:
+    from hotreload.protocol.tensors import encode_tensors
+    from hotreload.tui.loadgen import example_inputs
+
+    text = example_inputs("single", [{"name": "input", "dtype": "bytes", "shape": [1]}])
+    assert text.tolist() == ["a"]
+    both = example_inputs(
+        "dict",
+        [
+            {"name": "h", "dtype": "bfloat16", "shape": [3, 8]},
+            {"name": "ids", "dtype": "int64", "shape": [1, 16], "dims": [-1, -1]},
+        ],
+    )
+    metas, _ = encode_tensors(both)
+    assert [(m["dtype"], m["shape"]) for m in metas] == [("bfloat16", [1, 8]), ("int64", [1, 16])]
