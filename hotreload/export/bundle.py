@@ -21,6 +21,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 ROOTS: dict[str, tuple[str, ...]] = {
     "hotreload.worker.loader": (
         "resolve",
+        "torchscript_factory",
         "load_weights",
         "call_model",
         "LoadError",

@@ -118,6 +118,7 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
             "entry": code.entry,
             "example": code.example,
             "weights": code.weights,
+            "weights_prefix": model.weights_prefix.to_wire() if model.weights_prefix else None,
             "form": probe["form"],
             "inputs": probe["inputs"],
             "outputs": probe["outputs"],

@@ -90,7 +90,7 @@ class TritonPythonModel:
         self.device = rules.pick_device(wanted)
         code = HERE / "code"
         entry, example = (_entry(self.spec[k], code) for k in ("entry", "example"))
-        factory = rules.resolve(entry, code)
+        factory = rules.torchscript_factory(entry) or rules.resolve(entry, code)
         example_fn = rules.resolve(example, code)
         model = factory()
         if not callable(model):
@@ -98,7 +98,8 @@ class TritonPythonModel:
                 f"{entry['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
-        rules.load_weights(model, [str(HERE / w) for w in self.spec["weights"]], self.device)
+        weights = [str(HERE / w) for w in self.spec["weights"]]
+        rules.load_weights(model, weights, self.spec.get("weights_prefix"), root=str(HERE))
         if isinstance(model, torch.nn.Module):
             model = model.to(self.device).eval()
         self.model = model

@@ -9,12 +9,14 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from tests.http.conftest import HttpServeProcess
 from tests.support import REPO
@@ -65,6 +67,65 @@ def example():
     return torch.ones(1, 4)
 """
 
+TIED = '''
+import torch
+
+class Inner(torch.nn.Module):
+    """An embedding tied to the output head: the weights file stores it once."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 6)
+        self.head = torch.nn.Linear(6, 20, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+class Wrapper(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+
+    def forward(self, ids):
+        return self.inner(ids)
+
+def build():
+    return Wrapper()
+
+def example():
+    return torch.arange(5).reshape(1, 5)
+'''
+
+SCRIPTED = """
+import torch
+
+def example_input():
+    return torch.ones(1, 3)
+"""
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3.0 + 1.0
+
+
+def make_weights_and_archive(proj: Path) -> torch.Tensor:
+    """tied/weights.safetensors (keys without the wrapper's prefix, the tied group stored
+    once) and ts/model.pt (a TorchScript archive); returns the embedding's values."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(7)
+    embed = torch.randn(20, 6, generator=g)
+    save_file({"embed.weight": embed}, str(proj / "tied" / "weights.safetensors"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript
+        torch.jit.save(torch.jit.script(Scaled()), str(proj / "ts" / "model.pt"))
+    return embed
+
+
+# Every model has `threads`: torch's default thread count differs between a Triton stub and
+# a hotreload worker, and a GEMM split over other threads rounds differently (last bit).
 CONFIG = """
 [[models]]
 name = "mlp"
@@ -85,7 +146,23 @@ name = "seq"
 entry = "seq/model.py:build"
 example = "seq/model.py:example"
 device = "cpu"
+threads = 1
 shapes = { input_ids = [-1, -1], attention_mask = [-1, -1] }
+
+[[models]]
+name = "tied"
+entry = "tied/model.py:build"
+example = "tied/model.py:example"
+weights = ["tied/weights.safetensors"]
+weights_prefix = "inner."
+device = "cpu"
+threads = 1
+
+[[models]]
+name = "ts"
+entry = "ts/model.pt"
+example = "ts/example.py:example_input"
+device = "cpu"
 
 [[models]]
 name = "bad"
@@ -102,9 +179,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     ignore = shutil.ignore_patterns("__pycache__", ".hotreload")
     shutil.copytree(REPO / "examples" / "mlp", proj / "mlp", ignore=ignore)
     shutil.copytree(REPO / "examples" / "tiny_lm", proj / "tiny_lm", ignore=ignore)
-    for name, text in (("seq", SEQ), ("bad", BAD)):
+    for name, text in (("seq", SEQ), ("bad", BAD), ("tied", TIED)):
         (proj / name).mkdir()
         (proj / name / "model.py").write_text(text)
+    (proj / "ts").mkdir()
+    (proj / "ts" / "example.py").write_text(SCRIPTED)
+    make_weights_and_archive(proj)
     (proj / "hotreload.toml").write_text(CONFIG)
     repo = root / "repo"
     done = subprocess.run(
@@ -156,7 +236,7 @@ def triton(local_triton: Any, exported: tuple[Path, Path, str]) -> Iterator[Any]
     server = start_triton(local_triton, repo, repo.parent)
     try:
         client = httpclient.InferenceServerClient(server.http, network_timeout=120)
-        index = wait_loaded(client, server, {"mlp", "gen", "seq", "bad"})
+        index = wait_loaded(client, server, {"mlp", "gen", "seq", "tied", "ts", "bad"})
         yield client, server, index
     finally:
         server.close()
@@ -198,14 +278,14 @@ def test_the_export_says_what_it_wrote_and_what_triton_needs(
     exported: tuple[Path, Path, str],
 ) -> None:
     _, repo, printed = exported
-    assert sorted(p.name for p in repo.iterdir()) == ["bad", "gen", "mlp", "seq"]
+    assert sorted(p.name for p in repo.iterdir()) == ["bad", "gen", "mlp", "seq", "tied", "ts"]
     assert "exported 'gen'" in printed and "request parameters reach the model" in printed
     assert "transformers==" in printed and "torch==" in printed
 
 
 def test_triton_loads_the_exports_and_reports_ready(triton: Any) -> None:
     client, _, index = triton
-    for name in ("mlp", "gen", "seq"):
+    for name in ("mlp", "gen", "seq", "tied", "ts"):
         assert index[name]["state"] == "READY", index[name]
         assert client.is_model_ready(name)
     meta = client.get_model_metadata("seq")
@@ -268,6 +348,22 @@ def test_tiny_lm_text_answers_equal_hotreloads(
     texts = [t.decode() for t in got.as_numpy("output").tolist()]
     assert texts == [t.decode() for t in want.as_numpy("output").tolist()]
     assert [len(t) for t in texts] == [tokens] * len(prompts)
+
+
+def test_hotreloads_weight_rules_hold_tied_weights_a_prefix_and_torchscript(
+    triton: Any, hotreload_http: Any, exported: tuple[Path, Path, str]
+) -> None:
+    config, _, _ = exported
+    ids = np.array([[1, 2, 3, 19, 0], [4, 4, 4, 4, 4]], dtype=np.int64)
+    got = infer(triton[0], "tied", {"input": ids}).as_numpy("output")
+    want = infer(hotreload_http, "tied", {"input": ids}).as_numpy("output")
+    np.testing.assert_array_equal(got, want)
+    embed = make_weights_and_archive(config.parent).numpy()  # the same seeded values
+    np.testing.assert_allclose(got, embed[ids] @ embed.T, rtol=1e-5, atol=1e-5)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = infer(triton[0], "ts", {"input": x}).as_numpy("output")
+    np.testing.assert_array_equal(got, x * 3 + 1)
+    np.testing.assert_array_equal(got, infer(hotreload_http, "ts", {"input": x}).as_numpy("output"))
 
 
 def test_a_bad_request_fails_alone_with_the_models_message(triton: Any) -> None:
