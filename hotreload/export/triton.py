@@ -138,8 +138,9 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
         )
     if code.hotreload_importers:
         notes.append(
-            f"{', '.join(code.hotreload_importers)} in 1/code/ import hotreload; the exported "
-            "model does not need it unless the model's own code imports it"
+            f"{', '.join(code.hotreload_importers)} in 1/code/ "
+            f"{'imports' if len(code.hotreload_importers) == 1 else 'import'} hotreload; the "
+            "exported model does not need it unless the model's own code imports it"
         )
     return Exported(model.name, target, probe, text, code, notes)
 
@@ -190,7 +191,7 @@ def requirements(exported: list[Exported]) -> str:
     if any(w.endswith(".safetensors") for e in exported for w in e.code.weights):
         need["safetensors"] = _version("safetensors")
     for e in exported:
-        need.update(e.code.requires)
+        need.update({k: v.split("+")[0] for k, v in e.code.requires.items()})
     return "Triton's Python environment must contain: " + ", ".join(
         f"{k}=={v}" if v[0].isdigit() else f"{k} ({v})" for k, v in need.items()
     )
