@@ -116,6 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser(
+        "export",
+        help="write the models as a Triton Inference Server model repository",
+        description="Export the config's models for another server. `hotreload export "
+        "triton OUT_DIR` writes OUT_DIR/<model>/config.pbtxt and 1/model.py (python backend) "
+        "with the code and weights copied in; start it with `tritonserver --model-repository "
+        "OUT_DIR`.",
+    )
+    targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
+    t = targets.add_parser("triton", help="a Triton model repository (python backend)")
+    t.add_argument("out_dir", metavar="OUT_DIR", help="the model repository folder to write")
+    _add_config_arg(t)
+    t.add_argument("--model", metavar="NAME", help="export only this model")
+    t.set_defaults(func=_cmd_export_triton)
+
     from hotreload.gpu import cli as gpu_cli
 
     gpu_cli.register(sub)
@@ -176,6 +191,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from hotreload.report import report_main
 
     return report_main(args.config, args.html)
+
+
+def _cmd_export_triton(args: argparse.Namespace) -> int:
+    from hotreload.export.triton import export_triton_main
+
+    return export_triton_main(args.out_dir, args.config, args.model)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

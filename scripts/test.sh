@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/setup-chromium.sh   # for the report picture test; skipped where it cannot install
+scripts/setup-triton.sh     # tritonserver for tests/triton; skipped where it cannot install
 .venv/bin/ruff check hotreload tests benchmarks examples
 .venv/bin/lint-imports --no-cache   # [tool.importlinter] in pyproject.toml
 .venv/bin/python -m pytest "$@"

@@ -21,6 +21,7 @@ HEAVY = ("torch", "textual", "pynvml")
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
         "hotreload.commands.dashboard_ops, hotreload.commands.watch_dashboard",
         "hotreload.dashboard_cmd, hotreload.protocol.frame_protocol",
+        "hotreload.export.triton, hotreload.export.local_triton, hotreload.export.bundle",
     ],
 )
 def test_manager_side_imports_no_heavy_module(modules: str) -> None:

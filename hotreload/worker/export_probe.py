@@ -1,0 +1,90 @@
+"""`python -m hotreload.worker.export_probe`: build a model once, for `hotreload export`.
+
+The export runs in the manager, which never imports torch; this short-lived process builds
+the model with the worker's own code (`build_version`, `smoke`: the same factory, weights,
+example and output flattening as serving), and reports the input and output signatures.
+It also writes the example's tensors as raw files for Triton's `model_warmup`.
+
+Spec: JSON on stdin (a worker spec plus "warmup_dir"). Reply: one JSON line on stdout,
+{"ok": true, ...signatures} or {"ok": false, "error": ..., "traceback": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _probe(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from hotreload.export.triton_config import warmup_file
+    from hotreload.protocol.tensors import encode_tensors
+    from hotreload.worker.loader import build_version, smoke
+    from hotreload.worker.signatures import accepted_parameters
+
+    threads = spec.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads["intra_op"]))
+    # The signature is the same on any device; a GPU is used only where the model asks for
+    # one and this machine has it (an export must work on a CPU-only build machine).
+    want = str(spec.get("device") or "auto")
+    on_gpu = want.startswith("cuda") or want == "auto"
+    device = torch.device(
+        ("cuda:0" if want == "auto" else want) if on_gpu and torch.cuda.is_available() else "cpu"
+    )
+    mv = build_version(spec, 1, device)
+    outputs = smoke(
+        mv, None, allow_output_change=True, expected=spec.get("expected_output") or None
+    )
+    warmup_dir = Path(spec["warmup_dir"])
+    warmup_dir.mkdir(parents=True, exist_ok=True)
+    metas, blobs = encode_tensors({k: _host(v) for k, v in mv.example.items()})
+    for i, blob in enumerate(blobs):
+        (warmup_dir / warmup_file(i)).write_bytes(bytes(blob))
+    names, any_kw = accepted_parameters(mv.model)
+    return {
+        "ok": True,
+        "form": mv.example_form,
+        "inputs": mv.input_signature,
+        "example_shapes": {m["name"]: m["shape"] for m in metas},
+        "outputs": outputs,
+        "notes": mv.notes,
+        "parameters": sorted(names),
+        "any_parameters": any_kw,
+        "device": str(device),
+    }
+
+
+def _host(value: Any) -> Any:
+    return value.detach().cpu() if hasattr(value, "detach") else value
+
+
+def main() -> int:
+    spec = json.loads(sys.stdin.read())
+    os.environ.update(spec.get("env") or {})
+    threads = spec.get("threads")
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads["intra_op"]))
+    # The user's prints must not mix with the reply line.
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        reply = _probe(spec)
+    except BaseException as exc:  # the user's code may raise anything, SystemExit included
+        reply = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+    real_stdout.write(json.dumps(reply) + "\n")
+    real_stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
