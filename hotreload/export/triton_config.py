@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hotreload.config import ModelConfig
+from hotreload.export_layout import warmup_file
 
 #: hotreload signature dtype -> Triton config data type.
 TRITON_TYPES: dict[str, str] = {
@@ -36,12 +37,6 @@ TRITON_TYPES: dict[str, str] = {
 
 class NotExpressible(Exception):
     """The model has something Triton's config cannot describe; the message says what."""
-
-
-def warmup_file(index: int) -> str:
-    """The file under `<model>/warmup/` holding the example's input `index` (by position,
-    since an input name may not be a file name)."""
-    return f"input_{index}"
 
 
 def _type(entry: Mapping[str, Any], what: str) -> str:

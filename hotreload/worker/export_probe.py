@@ -22,7 +22,7 @@ from typing import Any
 def _probe(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from hotreload.export.triton_config import warmup_file
+    from hotreload.export_layout import warmup_file
     from hotreload.protocol.tensors import encode_tensors
     from hotreload.worker.loader import build_version, smoke
     from hotreload.worker.signatures import accepted_parameters
