@@ -134,51 +134,39 @@ def test_one_input_gives_one_answer_whatever_the_header_length(big_session: Any)
     np.testing.assert_array_equal(np.frombuffer(answers.pop(), np.float32).reshape(3, 10), expected)
 
 
-@pytest.mark.parametrize("nbytes", [256 * KIB, 4 * MIB, 32 * MIB])
-def test_requests_of_any_size_through_every_client(big_session: Any, nbytes: int) -> None:
-    x = np.random.default_rng(nbytes).standard_normal((nbytes // 256, 64), dtype=np.float32)
-    expected = (torch.tensor(x) * 2 + 1).numpy()
-    with Client(config=big_session.config, timeout_s=60) as client:
-        out, _, _ = client.infer("double", x)
-    np.testing.assert_array_equal(out, expected)
+def through_every_client(session: Any, model: str, x: np.ndarray) -> list[np.ndarray]:
+    """The answers to `x` from `Client`, `AsyncClient` and tritonclient's binary HTTP."""
+    with Client(config=session.config, timeout_s=60) as client:
+        answers = [client.infer(model, x).output]
 
     async def through_async() -> np.ndarray:
-        async with AsyncClient(config=big_session.config) as aclient:
-            return (await aclient.infer("double", x, timeout_s=60)).output
+        async with AsyncClient(config=session.config) as aclient:
+            return (await aclient.infer(model, x, timeout_s=60)).output
 
-    np.testing.assert_array_equal(asyncio.run(asyncio.wait_for(through_async(), 120)), expected)
-
+    answers.append(asyncio.run(asyncio.wait_for(through_async(), 120)))
     triton = httpclient.InferenceServerClient(
-        url=big_session.address, network_timeout=120, connection_timeout=120
+        url=session.address, network_timeout=120, connection_timeout=120
     )
     try:
         inp = httpclient.InferInput("input", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
-        np.testing.assert_array_equal(
-            triton.infer("double", [inp]).as_numpy("output"), expected
-        )
+        answers.append(triton.infer(model, [inp]).as_numpy("output"))
     finally:
         triton.close()
+    return answers
+
+
+@pytest.mark.parametrize("nbytes", [256 * KIB, 4 * MIB, 32 * MIB])
+def test_requests_of_any_size_through_every_client(big_session: Any, nbytes: int) -> None:
+    x = np.random.default_rng(nbytes).standard_normal((nbytes // 256, 64), dtype=np.float32)
+    expected = (torch.tensor(x) * 2 + 1).numpy()
+    for answer in through_every_client(big_session, "double", x):
+        np.testing.assert_array_equal(answer, expected)
 
 
 def test_a_32_mib_reply_through_every_client(big_session: Any) -> None:
     x = np.random.default_rng(5).standard_normal((128, 64), dtype=np.float32)
     expected = (torch.tensor(x).repeat(1, 1024) * 3).numpy()
     assert expected.nbytes == 32 * MIB
-    with Client(config=big_session.config, timeout_s=60) as client:
-        np.testing.assert_array_equal(client.infer("widen", x).output, expected)
-
-    async def through_async() -> np.ndarray:
-        async with AsyncClient(config=big_session.config) as aclient:
-            return (await aclient.infer("widen", x, timeout_s=60)).output
-
-    np.testing.assert_array_equal(asyncio.run(asyncio.wait_for(through_async(), 120)), expected)
-    triton = httpclient.InferenceServerClient(
-        url=big_session.address, network_timeout=120, connection_timeout=120
-    )
-    try:
-        inp = httpclient.InferInput("input", [128, 64], "FP32")
-        inp.set_data_from_numpy(x)
-        np.testing.assert_array_equal(triton.infer("widen", [inp]).as_numpy("output"), expected)
-    finally:
-        triton.close()
+    for answer in through_every_client(big_session, "widen", x):
+        np.testing.assert_array_equal(answer, expected)
