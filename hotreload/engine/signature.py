@@ -29,6 +29,16 @@ def dims_of(entry: Mapping[str, Any]) -> list[int]:
     return [-1, *shape[1:]] if shape else []
 
 
+def output_dims(inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> list[int]:
+    """An output's dimensions, -1 where they may vary: dimension 0, and the others too as
+    soon as an input may vary beyond its batch (a sequence length may reach the outputs).
+    KServe metadata and the Triton export both say this."""
+    shape = list(output["shape"])
+    if any(-1 in dims_of(e)[1:] for e in inputs):
+        return [-1] * len(shape)
+    return [-1, *shape[1:]] if shape else []
+
+
 def format_dims(dims: Sequence[int]) -> str:
     """`[N, 64]` when only the batch varies (the common case), else Triton's `[-1, -1, 64]`."""
     if dims and dims[0] == -1 and all(d != -1 for d in dims[1:]):

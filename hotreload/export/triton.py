@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, ModelConfig, load_config
+from hotreload.engine.signature import output_dims
 from hotreload.engine.worker_proc import worker_spec
 from hotreload.errors import ConfigError
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.export.bundle import bundle_source
 from hotreload.export.code_copy import CodeCopy, CopyError, copy_code
-from hotreload.export.triton_config import NotExpressible, model_config, output_dims
+from hotreload.export.triton_config import NotExpressible, model_config
 
 EXPORT_FILE = "hotreload_export.json"
 TEMPLATE = Path(__file__).with_name("triton_model.py")

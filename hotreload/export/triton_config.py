@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hotreload.config import ModelConfig
+from hotreload.engine.signature import output_dims
 from hotreload.export_layout import warmup_file
 
 #: hotreload signature dtype -> Triton config data type.
@@ -56,14 +57,6 @@ def _rank(dims: Sequence[int], entry: Mapping[str, Any], what: str) -> None:
             f"{what} {entry['name']!r} is a scalar (shape []); Triton's python backend needs at "
             "least one dimension: give it one in the model (x.reshape(1))"
         )
-
-
-def output_dims(inputs: Sequence[Mapping[str, Any]], output: Mapping[str, Any]) -> list[int]:
-    """Dimension 0 varies; the others too as soon as an input varies past its batch (a
-    sequence length may reach the outputs), as hotreload's KServe metadata says."""
-    free = any(-1 in e["dims"][1:] for e in inputs)
-    shape = list(output["shape"])
-    return [-1] * len(shape) if free else [-1, *shape[1:]] if shape else []
 
 
 def _kind(device: str) -> tuple[str, str]:

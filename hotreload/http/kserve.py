@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hotreload.engine.signature import dims_of
+from hotreload.engine.signature import dims_of, output_dims
 from hotreload.errors import ProtocolError
 from hotreload.protocol.header_fields import json_type
 from hotreload.protocol.tensors import (
@@ -97,7 +97,6 @@ def model_metadata_doc(
     accepted). An output's dimensions past the batch are -1 as soon as an input may vary
     beyond its batch (they may follow it, as a sequence length does)."""
     in_dims = [dims_of(s) for s in inputs]
-    free = any(-1 in d[1:] for d in in_dims)
     return {
         "name": name,
         "versions": [str(version)] if version else [],
@@ -115,7 +114,7 @@ def model_metadata_doc(
             {
                 "name": o["name"],
                 "datatype": kserve_datatype(o["dtype"]),
-                "shape": [-1] * len(o["shape"]) if free else metadata_shape(o["shape"]),
+                "shape": output_dims(inputs, o),
             }
             for o in outputs
         ],

@@ -16,6 +16,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in W
 
 
 def to_device(value: Any, device: torch.device) -> Any:
+    """A tensor on `device`; strings (a list of str) stay as they are."""
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 

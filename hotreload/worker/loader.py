@@ -24,6 +24,7 @@ from hotreload import runtime
 from hotreload.errors import did_you_mean
 from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
+from hotreload.worker.inputs import to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
 from hotreload.worker.signatures import (
@@ -284,7 +285,7 @@ def build_version(
             signature_in = input_signature(example, form, spec.get("shapes"))
         except SignatureError as exc:
             raise LoadError(str(exc)) from None
-        example = {k: _to(v, device) for k, v in example.items()}
+        example = {k: to_device(v, device) for k, v in example.items()}
         if device.type == "cuda":
             # A stream of this version's own: the sync phase waits on exactly these.
             stream = torch.cuda.Stream(device)
@@ -334,10 +335,6 @@ def check_parameters(mv: ModelVersion, params: dict[str, Any], inputs: dict[str,
     if unknown:
         takes = ", ".join(sorted(names)) or "no keyword parameters"
         raise LoadError(f"the model does not take parameter(s) {unknown}; it takes {takes}")
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def warm(mv: ModelVersion, iters: int, step_done: Callable[[], None] = no_pause) -> None:
@@ -441,7 +438,7 @@ def offload(mv: ModelVersion) -> None:
     """Move a version to host memory (resource policy keeps it to restore on failure)."""
     if isinstance(mv.model, torch.nn.Module) and mv.device.type == "cuda":
         mv.model.to("cpu")
-        mv.example = {k: _to(v, torch.device("cpu")) for k, v in mv.example.items()}
+        mv.example = {k: to_device(v, torch.device("cpu")) for k, v in mv.example.items()}
         mv.on_host = True
         gc.collect()
         torch.cuda.empty_cache()
@@ -451,5 +448,5 @@ def restore(mv: ModelVersion) -> None:
     if mv.on_host:
         assert isinstance(mv.model, torch.nn.Module)
         mv.model.to(mv.device)
-        mv.example = {k: _to(v, mv.device) for k, v in mv.example.items()}
+        mv.example = {k: to_device(v, mv.device) for k, v in mv.example.items()}
         mv.on_host = False
