@@ -69,19 +69,16 @@ def encode_tensors(named: Mapping[str, Any]) -> tuple[list[TensorMeta], list[byt
         if _is_bf16_tensor(value):
             # Its bit pattern, reinterpreted (no rounding): int16 is what numpy can hold.
             arr = value.detach().contiguous().view(_int16_of(value)).cpu().numpy()
-            metas.append(
-                {"name": name, "dtype": BF16, "shape": list(arr.shape), "nbytes": arr.nbytes}
-            )
-            blobs.append(memoryview(np.ascontiguousarray(arr)).cast("B") if arr.nbytes else b"")
-            continue
-        arr = as_array(value)
-        dtype_name = arr.dtype.name
+            dtype_name = BF16
+        else:
+            arr = as_array(value)
+            dtype_name = arr.dtype.name
         if dtype_name not in WIRE_DTYPES:
             raise ProtocolError(
                 f"tensor {name!r} has dtype {dtype_name}, which cannot travel; "
                 f"use one of {', '.join(ALL_WIRE_DTYPES)}"
             )
-        if dtype_name == BF16:  # ml_dtypes' bfloat16 (what tritonclient's numpy uses): bits
+        if dtype_name == BF16:  # torch's or ml_dtypes' bfloat16: its bits, as uint16
             arr = np.ascontiguousarray(arr).view(WIRE_DTYPES[BF16])
         else:
             arr = np.ascontiguousarray(arr, dtype=WIRE_DTYPES[dtype_name])
