@@ -205,12 +205,16 @@ def main() -> int:
     overhead = mlp1.p50 - percentile(direct_mlp.latencies_ms, 50)
     print(f"example mlp: routed p50 - direct p50, 1 client:  {overhead:.3f} ms")
     print()
-    print(f"payload sweep: MB/s of request payload (reply as large), 1 client, "
-          f"{args.sweep_seconds:g} s per run")
+    print(
+        f"payload sweep: MB/s of request payload (reply as large), 1 client, "
+        f"{args.sweep_seconds:g} s per run"
+    )
     print(f"{'payload':>8} {'echo':>9} {'relay':>9} {'hotreload':>10} {'hr/relay':>9}")
     for nbytes, f in sizes:
         echo_mb, relay_mb, hr_mb = (
-            f["bare socket echo"], f["bare two-hop relay"], f["hotreload routed"]
+            f["bare socket echo"],
+            f["bare two-hop relay"],
+            f["hotreload routed"],
         )
         mark = "  (target >= 0.5)" if nbytes >= 4 << 20 else ""
         print(

@@ -111,9 +111,7 @@ def phases_of_last_reload(folder: Path) -> dict[str, float]:
     done = max(i for i, e in enumerate(events) if e["kind"] in ("reload_done", "reload_failed"))
     start = max(i for i, e in enumerate(events[:done]) if e["kind"] == "reload_requested")
     return {
-        e["phase"]: e.get("duration_s", 0.0)
-        for e in events[start:done]
-        if e["kind"] == "phase_end"
+        e["phase"]: e.get("duration_s", 0.0) for e in events[start:done] if e["kind"] == "phase_end"
     }
 
 
@@ -143,10 +141,12 @@ def run_case(folder: Path, strategy: str, edits: int) -> dict[str, object]:
                     code = folder / "model.py"
                     text = code.read_text()
                     scale = f"SCALE = {1.0 + (i + 1) * 0.5}\n"
-                    code.write_text("".join(
-                        scale if line.startswith("SCALE = ") else line
-                        for line in text.splitlines(keepends=True)
-                    ))
+                    code.write_text(
+                        "".join(
+                            scale if line.startswith("SCALE = ") else line
+                            for line in text.splitlines(keepends=True)
+                        )
+                    )
                     edited_at = time.time()
                 else:
                     edited_at = write_weights(folder, seed=100 + i)
@@ -216,9 +216,11 @@ def main() -> int:
                 rows.append((mib, size, read, strategy, run_case(folder, strategy, args.edits)))
             if mib == 100:
                 rows_rss = rss_over_reloads(folder, 100)
-                print("100 MiB, inplace: worker RSS after reload 1/10/100: "
-                      + " / ".join(f"{v:.0f}" for v in rows_rss.values())
-                      + f" MiB ({rows_rss[100] / rows_rss[1] - 1:+.1%}; target within 2%)")
+                print(
+                    "100 MiB, inplace: worker RSS after reload 1/10/100: "
+                    + " / ".join(f"{v:.0f}" for v in rows_rss.values())
+                    + f" MiB ({rows_rss[100] / rows_rss[1] - 1:+.1%}; target within 2%)"
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
@@ -240,8 +242,10 @@ def main() -> int:
                 f"{size:>6.0f}Mi {strategy:<8} {kind:<8} {total:>8.2f} {cells} {read:>7.3f} {ratio}"
                 f"  (detect+debounce+rest {rest:.0f} ms)"
             )
-        print(f"{size:>6.0f}Mi {strategy:<8} {'restart':<8} {r['restart_s']:>8.2f}   "
-              f"(a fresh `hotreload watch` until it serves); worker RSS {r['rss_mib']:.0f} MiB")
+        print(
+            f"{size:>6.0f}Mi {strategy:<8} {'restart':<8} {r['restart_s']:>8.2f}   "
+            f"(a fresh `hotreload watch` until it serves); worker RSS {r['rss_mib']:.0f} MiB"
+        )
     return 0
 
 

@@ -21,7 +21,7 @@ from hotreload.check_results import ModelReport, Step, format_report, format_ste
 from hotreload.colour import wants_colour
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
-from hotreload.engine.host import BringUpError
+from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
 from hotreload.engine.signature import describe_dynamic, stand_in_inputs
 from hotreload.engine.stats import percentile
@@ -141,13 +141,12 @@ class ModelCheck:
         return self.report
 
     async def _run(self, session: Session, started_at: float) -> None:
-        host = session.hosts[self.model.name]
-        reloader = session.reloaders[self.model.name]
+        host = session.models[self.model.name]
 
         async def start() -> tuple[str, dict[str, Any], None]:
             try:
                 await session.start()
-            except BringUpError as exc:
+            except PhaseFailed as exc:
                 if exit_code_for(exc) == EXIT_ENVIRONMENT:  # its worker could not start
                     self.report.environment_error = str(exc)
                 raise CheckFailed(
@@ -211,7 +210,7 @@ class ModelCheck:
         for i in range(1, self.reloads + 1):
 
             async def reload_once(i: int = i) -> tuple[str, dict[str, Any], None]:
-                outcome = await reloader.request("check", [f"cycle {i}"])
+                outcome = await host.reload("check", [f"cycle {i}"])
                 self.report.policy = outcome.policy or self.report.policy
                 if not outcome.ok:
                     raise CheckFailed(

@@ -37,7 +37,7 @@ def exit_code_for(exc: BaseException) -> int:
       malformed (BadRequestError: an unknown model name): EXIT_USAGE.
     - No session on the socket (NoServerError): EXIT_ENVIRONMENT.
     - The session answered with an error, or did not answer in time: EXIT_FAILURE.
-    - A model that could not come up (the engine's BringUpError, which names its `phase`):
+    - A model that could not come up (the engine's PhaseFailed, which names its `phase`):
       EXIT_ENVIRONMENT when its worker process could not start, else EXIT_FAILURE.
     - Any other HotreloadError (the socket is another session's, a lock or state folder is
       not ours): EXIT_ENVIRONMENT. Anything else: EXIT_FAILURE.
@@ -52,7 +52,7 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_FAILURE
     if isinstance(exc, HotreloadError):
         return EXIT_ENVIRONMENT
-    # Duck-typed: the engine's BringUpError lives above this module's layer.
+    # Duck-typed: the engine's PhaseFailed lives above this module's layer.
     phase = getattr(exc, "phase", None)
     if isinstance(phase, str):
         return EXIT_ENVIRONMENT if phase in ENVIRONMENT_PHASES else EXIT_FAILURE

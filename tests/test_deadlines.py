@@ -15,7 +15,7 @@ from tests.support import count_events, make_project, wait_until
 
 #: Sleeps x[0, 0] seconds and writes down every value it computed, so a test can tell
 #: which requests ran.
-LOGGING_MODEL = '''
+LOGGING_MODEL = """
 import time
 from pathlib import Path
 
@@ -36,7 +36,7 @@ def build():
 
 def example():
     return torch.zeros(1, 4)
-'''
+"""
 
 
 def sleepy_project(tmp_path: Path, strategy: str = "inplace", **deadlines: float) -> Path:

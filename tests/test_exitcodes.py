@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hotreload.engine.host import BringUpError
+from hotreload.engine.model import PhaseFailed
 from hotreload.errors import (
     BadRequestError,
     ConfigError,
@@ -37,9 +37,9 @@ from hotreload.exitcodes import (
         (RequestTimeoutError("timed out"), EXIT_FAILURE),
         (TimeoutError(), EXIT_FAILURE),
         (HotreloadError("another session serves on this socket"), EXIT_ENVIRONMENT),
-        (BringUpError("start", "the worker process could not start"), EXIT_ENVIRONMENT),
-        (BringUpError("load", "the factory raised"), EXIT_FAILURE),
-        (BringUpError("warm", "the warm-up pass raised"), EXIT_FAILURE),
+        (PhaseFailed("start", "the worker process could not start"), EXIT_ENVIRONMENT),
+        (PhaseFailed("load", "the factory raised"), EXIT_FAILURE),
+        (PhaseFailed("warm", "the warm-up pass raised"), EXIT_FAILURE),
         (KeyboardInterrupt(), EXIT_INTERRUPTED),
         (RuntimeError("a bug of ours"), EXIT_FAILURE),
     ],

@@ -13,11 +13,11 @@ HEAVY = ("torch", "textual", "pynvml")
 @pytest.mark.parametrize(
     "modules",
     [
-        "hotreload.engine.session, hotreload.commands.serve, hotreload.engine.host",
+        "hotreload.engine.session, hotreload.commands.serve, hotreload.engine.model",
         "hotreload.engine.router, hotreload.engine.endpoint, hotreload.engine.worker_proc",
         "hotreload.client, hotreload.cli, hotreload.status_cmd, hotreload.reload_cmd",
-        "hotreload.session_call, hotreload.check, hotreload.engine.reload_phases",
-        "hotreload.engine.reloader, hotreload.engine.watcher, hotreload.commands.watch",
+        "hotreload.session_call, hotreload.check, hotreload.engine.model.respawn",
+        "hotreload.engine.model.recovery, hotreload.engine.watcher, hotreload.commands.watch",
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
         "hotreload.commands.dashboard_ops, hotreload.commands.watch_dashboard",
         "hotreload.dashboard_cmd, hotreload.protocol.frame_protocol",

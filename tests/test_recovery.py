@@ -15,7 +15,7 @@ import psutil
 
 from hotreload import Client
 from hotreload.config import load_config
-from hotreload.engine.reloader import ReloadOutcome
+from hotreload.engine.model import ReloadOutcome
 from hotreload.engine.session import Session
 from tests.support import ServeProcess, make_project, read_events, wait_until
 
@@ -165,7 +165,7 @@ def test_stop_during_a_reload_answers_every_waiting_caller(tmp_path: Path) -> No
         try:
             await session.start()
             first = asyncio.create_task(session.reload_model("mlp"))
-            while session.hosts["mlp"].reload_phase != "load":
+            while session.models["mlp"].reload_phase != "load":
                 await asyncio.sleep(0.01)
             follow_up = asyncio.create_task(session.reload_model("mlp"))
             await asyncio.sleep(0)

@@ -679,7 +679,7 @@ def test_stop_during_a_hand_over_answers_the_requests_and_leaves_no_worker(
         session = Session(config, endpoint=False, telemetry=False)
         try:
             await session.start()
-            host = session.hosts["mlp"]
+            host = session.models["mlp"]
             pids.append(host.worker.pid)
             (folder / "hold").write_text("")
             held = [host.router.submit_future(header, payload) for _ in range(2)]

@@ -35,16 +35,49 @@ def write_logs(state_dir: Path) -> None:
     ]
     t = T0 + 10.0
     for phase, dur in (("load", 0.12), ("warm", 0.05), ("smoke", 0.01), ("swap", 0.002)):
-        events.append({"ts": t + dur, "kind": "phase_end", "model": "mlp", "phase": phase,
-                       "duration_s": dur, "ok": True})
+        events.append(
+            {
+                "ts": t + dur,
+                "kind": "phase_end",
+                "model": "mlp",
+                "phase": phase,
+                "duration_s": dur,
+                "ok": True,
+            }
+        )
         t += dur
-    events.append({"ts": t, "kind": "reload_done", "model": "mlp", "version": 2,
-                   "total_s": t - (T0 + 10.0), "trigger": "file", "phases": {}})
-    events.append({"ts": T0 + 14, "kind": "xid", "xid": 79, "name": "GPU has fallen off the bus",
-                   "severity": "hardware", "phase": None})
+    events.append(
+        {
+            "ts": t,
+            "kind": "reload_done",
+            "model": "mlp",
+            "version": 2,
+            "total_s": t - (T0 + 10.0),
+            "trigger": "file",
+            "phases": {},
+        }
+    )
+    events.append(
+        {
+            "ts": T0 + 14,
+            "kind": "xid",
+            "xid": 79,
+            "name": "GPU has fallen off the bus",
+            "severity": "hardware",
+            "phase": None,
+        }
+    )
     stats = [
-        {"ts": T0 + i, "kind": "stats", "model": "mlp", "count": 100,
-         "p50_ms": 2.0, "p99_ms": 9.0 if i == 10 else 3.0, "queue_depth": i % 4, "inflight": 1}
+        {
+            "ts": T0 + i,
+            "kind": "stats",
+            "model": "mlp",
+            "count": 100,
+            "p50_ms": 2.0,
+            "p99_ms": 9.0 if i == 10 else 3.0,
+            "queue_depth": i % 4,
+            "inflight": 1,
+        }
         for i in range(1, 21)
     ]
     stats += [
@@ -133,9 +166,16 @@ def test_chromium_draws_the_waterfall_the_reload_window_the_xid_and_memory(
     page.write_text(render_html(read_log(tmp_path), "proj/hotreload.toml"))
     shot = tmp_path / "report.png"
     res = subprocess.run(
-        [_chromium() or "chromium", "--headless", "--no-sandbox", "--disable-gpu",
-         "--hide-scrollbars", f"--screenshot={shot}", "--window-size=1100,1500",
-         page.as_uri()],
+        [
+            _chromium() or "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1100,1500",
+            page.as_uri(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -398,7 +398,7 @@ def test_ctrl_c_during_a_long_first_load_stops_at_once(tmp_path: Path, serve) ->
     assert "stopping before the models were ready" in session.output
 
 
-BROKEN_AT_START = '''
+BROKEN_AT_START = """
 import torch
 
 def build():
@@ -406,14 +406,13 @@ def build():
 
 def example():
     return torch.ones(1, 4)
-'''
+"""
 
 
 def test_a_model_that_fails_at_start_never_takes_the_others_down(tmp_path: Path, serve) -> None:
     config = make_project(tmp_path)
     config.write_text(
-        config.read_text()
-        + '\n[[models]]\nname = "broken"\nentry = "broken.py:build"\n'
+        config.read_text() + '\n[[models]]\nname = "broken"\nentry = "broken.py:build"\n'
         'example = "broken.py:example"\nthreads = 1\nwarmup_iters = 1\n'
     )
     (config.parent / "broken.py").write_text(BROKEN_AT_START)

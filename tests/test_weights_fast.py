@@ -14,7 +14,7 @@ from hotreload import Client
 from tests.support import make_project
 
 #: Records, in a file next to it, whether its parameter was initialised at build time.
-RECORDING_MODEL = '''
+RECORDING_MODEL = """
 from pathlib import Path
 
 import torch
@@ -41,7 +41,7 @@ def build():
 
 def example():
     return torch.ones(1, 4)
-'''
+"""
 
 #: Cannot build with initialization skipped: it reads back what init wrote.
 NEEDS_INIT = RECORDING_MODEL.replace(

@@ -1,6 +1,6 @@
 """Ask the tiny LM: prompts in, text out, over hotreload's Unix socket.
 
-    python examples/tiny_lm/client.py "Once upon a time" "Another prompt" [--tokens 16]
+python examples/tiny_lm/client.py "Once upon a time" "Another prompt" [--tokens 16]
 """
 
 import argparse

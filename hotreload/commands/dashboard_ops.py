@@ -63,7 +63,7 @@ def register(ws: WatchSession) -> None:
         status = await session.status(worker_max_age_s=WORKER_STATUS_MAX_AGE_S)
         tel = session.telemetry
         reloads = sorted(
-            (o for r in session.reloaders.values() for o in r.history[-MAX_RELOADS:]),
+            (o for r in session.models.values() for o in r.history[-MAX_RELOADS:]),
             key=lambda o: o.started_at,
         )[-MAX_RELOADS:]
         snapshot = session.gpu_snapshot
@@ -80,10 +80,10 @@ def register(ws: WatchSession) -> None:
             "xid_sources": tel.xid_sources,
             "paused": ws.watcher.paused,
             "waiting": len(ws.watcher.waiting),
-            "phases": {n: h.reload_phase for n, h in session.hosts.items() if h.reload_phase},
+            "phases": {n: h.reload_phase for n, h in session.models.items() if h.reload_phase},
             "inputs": {
                 name: [h.router.input_form, list(h.router.input_signature)]
-                for name, h in session.hosts.items()
+                for name, h in session.models.items()
                 if h.router.input_signature
             },
         }, []

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hotreload.config import Config, load_config, with_cli_overrides
-from hotreload.engine.host import BringUpError
+from hotreload.engine.model import PhaseFailed
 from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
@@ -56,14 +56,14 @@ async def run_until_signal(
         await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, BringUpError):
+            with contextlib.suppress(asyncio.CancelledError, PhaseFailed):
                 await starting
             print("stopping before the models were ready...", flush=True)
             return EXIT_OK
         signalled.cancel()
         try:
             starting.result()
-        except BringUpError as exc:
+        except PhaseFailed as exc:
             # The event printer already showed the error and traceback. A worker process
             # that could not start (no such device, no CUDA build) is the environment's
             # doing (exit 3), as `hotreload check` says too; a model that failed to build
@@ -88,7 +88,7 @@ async def _serve(config: Config) -> int:
         failed[:] = await session.start(keep_others=True)
 
     def banner() -> str:
-        up = len(session.hosts) - len(failed)
+        up = len(session.models) - len(failed)
         text = f"serving {up} model(s) on {session.socket_path} - Ctrl-C to stop"
         if failed:
             names = ", ".join(failed)

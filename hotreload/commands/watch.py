@@ -32,13 +32,13 @@ async def _watch_plain(config: Config) -> int:
     def banner() -> str:
         if ws.start_error is not None:
             # As the dashboard and `uvicorn --reload` do: wait for the fix, not exit.
-            failed = [n for n, h in ws.session.hosts.items() if h.state != "serving"]
+            failed = [n for n, h in ws.session.models.items() if h.state != "serving"]
             return (
                 f"{', '.join(failed)} could not start (see above): fix the file and save, "
                 "the watcher tries again - Ctrl-C to stop"
             )
         return (
-            f"serving {len(ws.session.hosts)} model(s) on {ws.session.socket_path}; "
+            f"serving {len(ws.session.models)} model(s) on {ws.session.socket_path}; "
             "edit a file to reload - Ctrl-C to stop"
         )
 

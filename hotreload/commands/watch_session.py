@@ -13,7 +13,7 @@ from typing import Any
 
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
-from hotreload.engine.host import BringUpError
+from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
 from hotreload.errors import ConfigError
@@ -46,7 +46,7 @@ class WatchSession:
         if (
             event.get("kind") == "reload_done"
             and self.start_state == "failed"
-            and all(h.state == "serving" for h in self.session.hosts.values())
+            and all(h.state == "serving" for h in self.session.models.values())
         ):
             self.start_state, self.start_error = "started", None
 
@@ -86,7 +86,7 @@ class WatchSession:
         await self.watcher.prime()
         try:
             await self.session.start()
-        except BringUpError as exc:
+        except PhaseFailed as exc:
             self.start_error = {"phase": exc.phase, "error": str(exc)}
         except ConfigError:
             raise  # `cpus` this machine cannot honour: no save fixes that, the config does
@@ -98,7 +98,7 @@ class WatchSession:
     def _pids_on(self, index: int) -> list[int]:
         return [
             h.worker.pid
-            for h in self.session.hosts.values()
+            for h in self.session.models.values()
             if h.worker is not None
             and h.worker.pid
             and (h.worker.device or "").startswith(f"cuda:{index}")

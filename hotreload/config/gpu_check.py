@@ -24,7 +24,6 @@ class CheckConfig:
     burst_requests: int = 200
 
 
-
 def parse_gpu(top: Checker) -> GpuConfig:
     """`[gpu]` from the top-level table (every key optional)."""
     g = top.subtable("gpu", tuple(GpuConfig.__dataclass_fields__))

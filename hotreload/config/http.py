@@ -24,7 +24,6 @@ class HttpConfig:
     max_inflated_mib: int | None = None
 
 
-
 def parse_http(top: Checker) -> HttpConfig:
     """`[http]` from the top-level table (every key optional)."""
     h = top.subtable("http", tuple(HttpConfig.__dataclass_fields__))

@@ -111,7 +111,6 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
     return parse_config(raw, path=path, prefix=prefix)
 
 
-
 _TOP_KEYS = ("models", "state_dir", "socket_dir", "max_frame_mib", "watch", "gpu", "check", "http")
 
 
@@ -137,7 +136,6 @@ def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Con
     state_dir = Path(top.get("state_dir", str, ".hotreload", "a folder path"))
     socket_dir = top.get("socket_dir", str, None, "a folder path")
     max_frame_mib = top.integer("max_frame_mib", 64, minimum=1, maximum=4096)
-
 
     return Config(
         path=path,

@@ -129,7 +129,6 @@ class ModelConfig:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-
 MODEL_KEYS = (
     "name",
     "entry",

@@ -19,7 +19,6 @@ class WatchConfig:
     poll_interval_ms: int = 500
 
 
-
 def parse_watch(top: Checker) -> WatchConfig:
     """`[watch]` from the top-level table (every key optional)."""
     w = top.subtable("watch", tuple(WatchConfig.__dataclass_fields__))

@@ -48,8 +48,7 @@ def format_event(e: dict[str, Any]) -> str | None:
         return (
             f"{m}: v{e['version']} ready on {e.get('device')} "
             f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
-            f"worker pid {e.get('pid')})"
-            + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
+            f"worker pid {e.get('pid')})" + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
         )
     if kind == "model_note":
         return f"{m}: note: {e.get('message')}"

@@ -16,10 +16,9 @@ from hotreload.config import Config
 from hotreload.engine.cpus import CpuPlan, available_cpus, pin_process, pin_self, plan_cpus
 from hotreload.engine.endpoint import Endpoint, Reply
 from hotreload.engine.events import EventBus
-from hotreload.engine.host import ModelHost
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.reloader import Reloader, ReloadOutcome
+from hotreload.engine.model import ModelSupervisor, ReloadOutcome
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.engine.worker_proc import WorkerOp
@@ -60,9 +59,22 @@ class Session:
         self.config = config
         self.state_dir = config.state_dir
         self.events = events or EventBus(config.state_dir / "events.jsonl")
-        self.hosts = {m.name: ModelHost(m, config, self.events) for m in config.models}
         self.locks = DeviceLocks()
         self.snapshot_dir = snapshot_dir or snapshot_root(config.path) / f"session-{os.getpid()}"
+        #: One supervisor per model: the only owner of its workers and its state.
+        self.models = {
+            m.name: ModelSupervisor(
+                m,
+                config,
+                self.events,
+                self.locks,
+                ignore=self.ignore_rules(m.ignore),
+                snapshot_dir=self.snapshot_dir,
+            )
+            for m in config.models
+        }
+        for sup in self.models.values():
+            sup.escalate = self._escalate_wedge
         self.telemetry = GpuTelemetry(
             self.events,
             own_pids=self.worker_pids,
@@ -70,17 +82,6 @@ class Session:
             interval_s=config.gpu.sample_interval_ms / 1000,
             watch_xids=telemetry,
         )
-        for host in self.hosts.values():
-            host.escalate = self._escalate_wedge
-        self.reloaders = {
-            name: Reloader(
-                host,
-                self.locks,
-                ignore=self.ignore_rules(host.model.ignore),
-                snapshot_dir=self.snapshot_dir,
-            )
-            for name, host in self.hosts.items()
-        }
         self.socket_path = socket_path_for(config.path, config.socket_dir)
         self.endpoint = Endpoint(
             self.socket_path,
@@ -102,13 +103,14 @@ class Session:
         #: Extra handlers (reload, ...) other layers register before start().
         self.handlers = self.endpoint.handlers
 
-    def host(self, name: str | None) -> ModelHost:
-        if name is None and len(self.hosts) == 1:
-            return next(iter(self.hosts.values()))
-        if name not in self.hosts:
-            known = ", ".join(self.hosts)
+    def model(self, name: str | None) -> ModelSupervisor:
+        """The supervisor of model `name` (None: the only one)."""
+        if name is None and len(self.models) == 1:
+            return next(iter(self.models.values()))
+        if name not in self.models:
+            known = ", ".join(self.models)
             raise BadRequestError(f"unknown model {name!r}; this session serves: {known}")
-        return self.hosts[name]
+        return self.models[name]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -141,7 +143,7 @@ class Session:
             "session_started",
             socket=str(self.socket_path),
             pid=os.getpid(),
-            models=list(self.hosts),
+            models=list(self.models),
         )
 
     async def start(self, *, keep_others: bool = False) -> list[str]:
@@ -150,11 +152,11 @@ class Session:
         failed (the others serve; a failed one answers its requests with why)."""
         await self.open()
         results = await asyncio.gather(
-            *(r.start_host() for r in self.reloaders.values()), return_exceptions=True
+            *(sup.start() for sup in self.models.values()), return_exceptions=True
         )
         errors = [
             (h, r)
-            for h, r in zip(self.hosts.values(), results, strict=True)
+            for h, r in zip(self.models.values(), results, strict=True)
             if isinstance(r, BaseException)
         ]
         if errors:
@@ -167,7 +169,7 @@ class Session:
                     error=str(err),
                     traceback=detail,
                 )
-            if not keep_others or len(errors) == len(self.hosts):
+            if not keep_others or len(errors) == len(self.models):
                 raise errors[0][1]
         return [h.name for h, _ in errors]
 
@@ -177,9 +179,9 @@ class Session:
         try:
             if self.stats_log is not None:
                 await self.stats_log.stop()
-            for reloader in self.reloaders.values():
-                await reloader.close()
-            await asyncio.gather(*(h.stop() for h in self.hosts.values()), return_exceptions=True)
+            await asyncio.gather(
+                *(sup.stop() for sup in self.models.values()), return_exceptions=True
+            )
             for front_end in self.front_ends:
                 # After the hosts drained: HTTP requests in flight got their replies.
                 with contextlib.suppress(Exception):
@@ -205,7 +207,8 @@ class Session:
             self._cpus_before = available
             pin_self(plan.rest)
             for name, cpus in plan.serving.items():
-                self.hosts[name].cpus, self.hosts[name].cpus_rest = cpus, plan.rest
+                workers = self.models[name].workers
+                workers.cpus, workers.cpus_rest = cpus, plan.rest
 
     def _announce_cpus(self) -> None:
         """The placement line, once the socket is ours: a session refused as "already
@@ -231,8 +234,8 @@ class Session:
         """Release the claims; an embedding process (tests) gets its CPUs back. Several
         sessions in one process restore correctly only when stopped in reverse order."""
         self.cpu_plan.release()
-        for host in self.hosts.values():
-            host.cpus, host.cpus_rest = None, frozenset()
+        for sup in self.models.values():
+            sup.workers.cpus, sup.workers.cpus_rest = None, frozenset()
         if self._cpus_before is not None:
             pin_self(self._cpus_before)
             self._cpus_before = None
@@ -262,15 +265,16 @@ class Session:
 
     def worker_pids(self) -> list[int]:
         """Every worker process of this session (marked as ours in GPU process lists)."""
-        pids = [h.worker.pid for h in self.hosts.values() if h.worker and h.worker.pid]
-        others = [w for h in self.hosts.values() for w in (h.standby, h.retiring) if w]
-        return pids + [w.pid for w in others if w.pid and w.alive]
+        workers = [w for sup in self.models.values() for w in sup.record.workers()]
+        serving = {id(sup.worker) for sup in self.models.values()}
+        # The serving worker counts even while it exits: its GPU memory is still ours.
+        return [w.pid for w in workers if w.pid and (w.alive or id(w) in serving)]
 
     def reload_phase(self) -> str | None:
         """`model:phase` of a reload running now (Xid events are tagged with it)."""
-        for host in self.hosts.values():
-            if host.reload_phase:
-                return f"{host.name}:{host.reload_phase}"
+        for sup in self.models.values():
+            if sup.reload_phase:
+                return f"{sup.name}:{sup.reload_phase}"
         return None
 
     @property
@@ -278,7 +282,7 @@ class Session:
         """The latest GPU reading (`hotreload.gpu.nvml.GpuSnapshot`), or None."""
         return self.telemetry.snapshot
 
-    async def _escalate_wedge(self, host: ModelHost) -> None:
+    async def _escalate_wedge(self, host: ModelSupervisor) -> None:
         """After a wedged worker was killed: a GPU reset, where `[gpu] reset` allows one."""
         mode = self.config.gpu.reset
         device = host.worker.device if host.worker else host.model.device
@@ -319,17 +323,16 @@ class Session:
         weights_only: bool = False,
     ) -> ReloadOutcome:
         """Reload one model through its serialized reloader; returns when it is done."""
-        host = self.host(name)
-        return await self.reloaders[host.name].request(trigger, detail, weights_only=weights_only)
+        return await self.model(name).reload(trigger, detail, weights_only=weights_only)
 
     async def reload_all(self, *, trigger: str = "command") -> list[ReloadOutcome]:
         return list(
-            await asyncio.gather(*(self.reload_model(n, trigger=trigger) for n in self.hosts))
+            await asyncio.gather(*(self.reload_model(n, trigger=trigger) for n in self.models))
         )
 
     async def rewarm(self, name: str | None) -> dict[str, Any]:
         """Run the serving version's warm-up again (on its serving thread, between requests)."""
-        host = self.host(name)
+        host = self.model(name)
         if host.worker is None or not host.worker.alive:
             raise BadRequestError(f"model {host.name!r} has no running worker to warm")
         self.events.emit("rewarm_started", model=host.name)
@@ -345,14 +348,14 @@ class Session:
         return r
 
     async def unload_model(self, name: str) -> None:
-        await self.host(name).unload()
+        await self.model(name).unload()
 
     async def _op_reload(
         self, header: dict[str, Any], payload: memoryview | bytes
     ) -> tuple[dict[str, Any], list[Any]]:
         name = header.get("model")
         trigger = str(header.get("trigger") or "command")
-        if name is None and len(self.hosts) > 1:
+        if name is None and len(self.models) > 1:
             outcomes = await self.reload_all(trigger=trigger)
         else:
             outcomes = [await self.reload_model(name, trigger=trigger)]
@@ -361,7 +364,7 @@ class Session:
     # ------------------------------------------------------------------ client ops
 
     def _op_infer(self, header: dict[str, Any], payload: memoryview | bytes, reply: Reply) -> None:
-        host = self.host(header.get("model"))
+        host = self.model(header.get("model"))
 
         def done(frame: Frame | None, error: BaseException | None) -> None:
             if error is not None or frame is None:
@@ -393,7 +396,7 @@ class Session:
     async def status(self, worker_max_age_s: float = 0.0) -> dict[str, Any]:
         """Every model's figures; workers are asked again only when their last answer is
         older than `worker_max_age_s` (the dashboard samples twice a second)."""
-        models = await asyncio.gather(*(h.status(worker_max_age_s) for h in self.hosts.values()))
+        models = await asyncio.gather(*(h.status(worker_max_age_s) for h in self.models.values()))
         for m in models:
             # cpus = "auto" that pinned nothing says why where people look, not only at start.
             short, why = self.cpu_plan.unpinned.get(m["name"], (None, None))

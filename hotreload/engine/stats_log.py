@@ -24,18 +24,18 @@ from hotreload.paths import open_private
 
 if TYPE_CHECKING:
     from hotreload.engine.events import EventBus
-    from hotreload.engine.host import ModelHost
+    from hotreload.engine.model import ModelSupervisor
 
 
 class RecordedSession(Protocol):
-    """What the recorder reads of a session (a `Session`): its hosts and its events. A
+    """What the recorder reads of a session (a `Session`): its models and its events. A
     protocol, not the class, so that this module and session.py import one way."""
 
     @property
     def events(self) -> EventBus: ...
 
     @property
-    def hosts(self) -> Mapping[str, ModelHost]: ...
+    def models(self) -> Mapping[str, ModelSupervisor]: ...
 
 
 STATS_FILE = "stats.jsonl"
@@ -73,7 +73,9 @@ class StatsRecorder:
         while True:
             await asyncio.sleep(self.interval_s)
             now = time.monotonic()
-            rows = [self._row(name, host.router, last) for name, host in self.session.hosts.items()]
+            rows = [
+                self._row(name, host.router, last) for name, host in self.session.models.items()
+            ]
             last = now
             busy = any(r["count"] or r["queue_depth"] or r["inflight"] for r in rows)
             idle_for = 0.0 if busy else idle_for + self.interval_s
@@ -99,7 +101,7 @@ class StatsRecorder:
     def _on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") not in ("ready", "reload_done"):
             return
-        host = self.session.hosts.get(str(event.get("model")))
+        host = self.session.models.get(str(event.get("model")))
         if host is None:
             return
         task = asyncio.get_running_loop().create_task(self._memory(host, event))

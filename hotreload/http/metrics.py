@@ -28,11 +28,11 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 
-from hotreload.engine.host import STATES
+from hotreload.engine.model import STATES
 from hotreload.engine.stats import LatencyWindow
 
 if TYPE_CHECKING:
-    from hotreload.engine.host import ModelHost
+    from hotreload.engine.model import ModelSupervisor
     from hotreload.engine.session import Session
 
 #: Every state a host reports; `hotreload_model_state` has one series per state (0 or 1).
@@ -62,7 +62,7 @@ REQUEST_BUCKETS = (
 PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
 
-def model_ready(host: ModelHost) -> tuple[bool, str]:
+def model_ready(host: ModelSupervisor) -> tuple[bool, str]:
     """(ready, why not): ready once a version has finished warm-up and the host can serve.
 
     A reload in progress keeps the model ready: the old version serves until the swap.
@@ -149,11 +149,11 @@ class SessionMetrics:
         self.queue_us_total: dict[str, float] = {}
         self._restore: list[Callable[[], None]] = []
         r.register(_SessionCollector(self))
-        for host in session.hosts.values():
+        for host in session.models.values():
             self._tee_router(host)
         self._unsubscribe = session.events.subscribe(self.on_event)
 
-    def _tee_router(self, host: ModelHost) -> None:
+    def _tee_router(self, host: ModelSupervisor) -> None:
         router, name = host.router, host.name
         requests = self.request_seconds.labels(name)
         queued = self.queue_seconds.labels(name)
@@ -226,7 +226,7 @@ class _SessionCollector:
 
     def collect(self) -> Iterator[Metric]:
         session = self.metrics.session
-        hosts = list(session.hosts.values())
+        hosts = list(session.models.values())
         m = ["model"]
         depth = GaugeMetricFamily(
             "hotreload_queue_depth", "Requests waiting in the queue", labels=m

@@ -47,7 +47,7 @@ from hotreload.http.kserve import (
 from hotreload.http.metrics import SessionMetrics, model_ready
 
 if TYPE_CHECKING:
-    from hotreload.engine.host import ModelHost
+    from hotreload.engine.model import ModelSupervisor
     from hotreload.engine.session import Session
 
 log = logging.getLogger(__name__)
@@ -175,11 +175,11 @@ class KServeApp:
 
     # ------------------------------------------------------------------ helpers
 
-    def _host(self, request: web.Request) -> ModelHost:
+    def _host(self, request: web.Request) -> ModelSupervisor:
         name = request.match_info["name"]
-        host = self.session.hosts.get(name)
+        host = self.session.models.get(name)
         if host is None:
-            known = ", ".join(self.session.hosts)
+            known = ", ".join(self.session.models)
             raise HttpError(404, f"unknown model {name!r}; this session serves: {known}")
         wanted = request.match_info.get("version")
         if wanted is not None and wanted != str(host.version):
@@ -219,7 +219,7 @@ class KServeApp:
     async def ready(self, request: web.Request) -> web.Response:
         if self.stopping:
             raise HttpError(400, "not ready: the server is shutting down")
-        problems = [why for ok, why in map(model_ready, self.session.hosts.values()) if not ok]
+        problems = [why for ok, why in map(model_ready, self.session.models.values()) if not ok]
         if problems:
             # KServe: a 4xx status means "not ready"; Triton answers 400 too.
             raise HttpError(400, "not ready: " + "; ".join(problems))
@@ -306,7 +306,7 @@ class KServeApp:
         doc = await self._json_body(request)
         only_ready = doc.get("ready") is True
         entries = []
-        for host in self.session.hosts.values():
+        for host in self.session.models.values():
             ok, why = model_ready(host)
             if only_ready and not ok:
                 continue

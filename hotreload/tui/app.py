@@ -148,11 +148,11 @@ class DashboardApp(App[int]):
 
     @work(group="session", exit_on_error=False)
     async def _start_session(self) -> None:
-        from hotreload.engine.host import BringUpError
+        from hotreload.engine.model import PhaseFailed
 
         try:
             await self.source.start()
-        except BringUpError as exc:
+        except PhaseFailed as exc:
             self.post_message(SessionStarted(error=f"{exc.phase}: {exc}"))
         except HotreloadError as exc:
             self.post_message(SessionStarted(fatal=str(exc)))
@@ -221,7 +221,12 @@ class DashboardApp(App[int]):
             self.phase = ""  # the model that failed to start came up: say so no longer
             self._render_status()
         if e.get("kind") in (
-            "reload_done", "reload_failed", "ready", "state", "xid", "watch_waiting",
+            "reload_done",
+            "reload_failed",
+            "ready",
+            "state",
+            "xid",
+            "watch_waiting",
         ):
             self._wake.set()  # sample now: the outcome shows without waiting a turn
         if e.get("kind") in ("reload_requested", "phase_start", "phase_end"):

@@ -16,8 +16,7 @@ from typing import Any
 
 from hotreload.client import AsyncClient, Client
 from hotreload.engine.events import Event
-from hotreload.engine.host import BringUpError
-from hotreload.engine.reload_outcome import ReloadOutcome
+from hotreload.engine.model import PhaseFailed, ReloadOutcome
 from hotreload.errors import BadRequestError, HotreloadError, NoServerError
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.reset import ResetDecision, ResetResult
@@ -66,7 +65,7 @@ class RemoteSource:
 
     async def start(self) -> None:
         """Attach: subscribe to the events, then wait until the session finished its start.
-        Raises BringUpError when a model could not come up (the session keeps watching)."""
+        Raises PhaseFailed when a model could not come up (the session keeps watching)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CONNECT_TIMEOUT_S
         while True:
@@ -84,7 +83,7 @@ class RemoteSource:
                 return
             if state == "failed":
                 err = reply.get("start_error") or {}
-                raise BringUpError(str(err.get("phase")), str(err.get("error")))
+                raise PhaseFailed(str(err.get("phase")), str(err.get("error")))
             await asyncio.sleep(0.1)
 
     async def stop(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hotreload.engine.events import Event
-from hotreload.engine.reloader import ReloadOutcome
+from hotreload.engine.model import ReloadOutcome
 from hotreload.gpu.readings import GpuDevice, GpuProcess, GpuSnapshot
 from hotreload.gpu.reset import ResetDecision, ResetResult
 from hotreload.gpu.xid_events import XidEvent, lookup

@@ -18,7 +18,7 @@ from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
 
 if TYPE_CHECKING:
-    from hotreload.engine.reloader import ReloadOutcome
+    from hotreload.engine.model import ReloadOutcome
     from hotreload.gpu.reset import ResetDecision, ResetResult
 
 
@@ -100,7 +100,7 @@ class DashboardSource(Protocol):
     reset_mode: str
 
     async def start(self) -> None:
-        """Bring every model up; raises BringUpError (after starting the watcher anyway)."""
+        """Bring every model up; raises PhaseFailed (after starting the watcher anyway)."""
 
     async def stop(self) -> None:
         """Detach from the session. Idempotent."""

@@ -268,7 +268,7 @@ class Worker:
         reply = {"id": h["id"], "ok": True, "outputs": sig, "notes": mv.notes}
         if self.spec.get("weights"):
             # The manager compares it across versions: a code edit whose output stays the same
-            # to the bit was overridden by the weights (reload_phases.py warns).
+            # to the bit was overridden by the weights (engine/model/reload_job.py warns).
             reply["output_digest"] = example_digest(
                 lambda: loader.forward(mv, mv.example_form, mv.example)
             )

@@ -165,9 +165,7 @@ def normalise_output(value: Any) -> tuple[str, dict[str, Any], dict[str, str]]:
         )
     if not out:
         kept = ", ".join(f"{k} ({t})" for k, t in dropped.items()) or "only None values"
-        raise SignatureError(
-            f"the model's output holds no tensor or string to send back: {kept}"
-        )
+        raise SignatureError(f"the model's output holds no tensor or string to send back: {kept}")
     return FORM_DICT, out, dropped
 
 

@@ -24,7 +24,7 @@ def samples(metrics: SessionMetrics, name: str) -> list[tuple[dict[str, str], fl
 
 def test_xid_events_are_counted_per_gpu() -> None:
     bus = EventBus()
-    metrics = SessionMetrics(SimpleNamespace(hosts={}, events=bus))  # type: ignore[arg-type]
+    metrics = SessionMetrics(SimpleNamespace(models={}, events=bus))  # type: ignore[arg-type]
     lost = parse_line("NVRM: Xid (PCI:0000:65:00): 79, pid=1, GPU has fallen off the bus.")
     assert lost is not None
     # As the engine's telemetry emits them: one on a GPU NVML knows, one it cannot place.

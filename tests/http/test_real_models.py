@@ -25,7 +25,7 @@ import tritonclient.http as httpclient  # noqa: E402
 
 TINY_LM = REPO / "examples" / "tiny_lm"
 
-ENCODER = '''
+ENCODER = """
 import torch
 from transformers import BertConfig, BertModel
 
@@ -39,9 +39,9 @@ def build():
 def example():
     ids = torch.arange(16).reshape(1, 16) % 300
     return {"input_ids": ids, "attention_mask": torch.ones(1, 16, dtype=torch.long)}
-'''
+"""
 
-CAUSAL = '''
+CAUSAL = """
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -55,9 +55,9 @@ def build():
 
 def example():
     return {"input_ids": torch.arange(8).reshape(1, 8)}
-'''
+"""
 
-ODD_OUTPUTS = '''
+ODD_OUTPUTS = """
 import torch
 
 class Odd(torch.nn.Module):
@@ -70,7 +70,7 @@ def build():
 
 def example():
     return torch.ones(1, 4)
-'''
+"""
 
 
 def load_module(path: Path, name: str) -> Any:

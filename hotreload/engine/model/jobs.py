@@ -1,0 +1,156 @@
+"""The jobs a model's supervisor runs one at a time, what a reload produces, and the errors
+its phases raise.
+
+Every change to a model's workers is one of these jobs (supervisor.py): starting it,
+reloading it (a file edit, a key, `hotreload reload`), restarting a worker that died or
+wedged, unloading it. They queue in order; two reloads asked for while one runs collapse
+into a single follow-up, and a restart asked for twice for the same worker runs once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from hotreload.engine.worker_proc import WorkerProcess
+
+
+@dataclass
+class ReloadOutcome:
+    """What happened to one reload (also the reply to `hotreload reload` and HTTP load)."""
+
+    model: str
+    ok: bool
+    #: The version serving after the reload (the old one when it failed).
+    version: int
+    trigger: str
+    policy: str = ""
+    strategy: str = ""
+    #: The phase that failed, or None.
+    phase: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    #: Seconds per phase, in the order they ran.
+    phases: dict[str, float] = field(default_factory=dict)
+    total_s: float = 0.0
+    detail: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class PhaseFailed(Exception):
+    """A phase of a start, reload or restart failed; `phase` names it. Raised to callers of
+    `start` too (a model that could not come up)."""
+
+    def __init__(self, phase: str, message: str, remote_traceback: str | None = None) -> None:
+        self.phase = phase
+        self.remote_traceback = remote_traceback
+        super().__init__(message)
+
+
+class Wedged(PhaseFailed):
+    """Drain or sync past its deadline: the worker must be killed."""
+
+
+@dataclass
+class Job:
+    """One unit of work on a model; `future` settles when it is done."""
+
+    kind: ClassVar[str] = "job"
+    future: asyncio.Future[Any] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+            self.future.exception()  # a caller who stopped waiting must not log it
+        else:
+            self.future.set_result(result)
+
+
+@dataclass
+class StartJob(Job):
+    kind: ClassVar[str] = "start"
+
+
+@dataclass
+class ReloadJob(Job):
+    kind: ClassVar[str] = "reload"
+    trigger: str = "command"
+    detail: list[str] = field(default_factory=list)
+    #: Only weights files changed: the code need not be imported again.
+    weights_only: bool = False
+
+    def merge(self, trigger: str, detail: list[str], weights_only: bool) -> None:
+        if trigger not in self.trigger.split("+"):
+            self.trigger += "+" + trigger
+        self.detail += [d for d in detail if d not in self.detail]
+        # One code change among the edits means the code must be re-imported.
+        self.weights_only = self.weights_only and weights_only
+
+
+@dataclass
+class RestartJob(Job):
+    """Replace a worker that died or hung, on the last good version."""
+
+    kind: ClassVar[str] = "restart"
+    reason: str = "worker died"
+    wedged: bool = False
+    #: The worker to replace; the job does nothing once another one serves.
+    worker: WorkerProcess | None = None
+
+
+@dataclass
+class UnloadJob(Job):
+    kind: ClassVar[str] = "unload"
+
+
+class JobQueue:
+    """Jobs waiting their turn, with the collapsing rules."""
+
+    def __init__(self) -> None:
+        self._jobs: deque[Job] = deque()
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._jobs)
+
+    def add(self, job: Job) -> Job:
+        """Queue `job`, or return the queued job that already covers it."""
+        for queued in self._jobs:
+            if isinstance(job, ReloadJob) and isinstance(queued, ReloadJob):
+                queued.merge(job.trigger, job.detail, job.weights_only)
+                return queued
+            if (
+                isinstance(job, RestartJob)
+                and isinstance(queued, RestartJob)
+                and queued.worker is job.worker
+            ):
+                queued.wedged = queued.wedged or job.wedged
+                return queued
+        self._jobs.append(job)
+        self._ready.set()
+        return job
+
+    async def next(self) -> Job:
+        while not self._jobs:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._jobs.popleft()
+
+    def drain(self) -> list[Job]:
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        return jobs

@@ -1,0 +1,90 @@
+"""The state of one served model, as one plain record.
+
+Only the model's supervisor (supervisor.py) writes it; everything else (status, the
+dashboard, HTTP, the telemetry sampler) reads it. Every change to which worker serves, or
+which version, therefore happens inside one of the supervisor's jobs, one at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hotreload.engine.model.jobs import ReloadOutcome
+    from hotreload.engine.snapshots import Snapshot
+    from hotreload.engine.worker_proc import WorkerProcess
+
+#: States shown to users (status, dashboard, metrics).
+STATES = (
+    "starting",
+    "loading",
+    "warming",
+    "serving",
+    "reloading",
+    "draining",
+    "restarting",
+    "failed",
+    "wedged",
+    "stopped",
+    "unloaded",
+)
+
+
+@dataclass
+class VersionInfo:
+    """What is known about the version a worker serves."""
+
+    version: int
+    load_s: float = 0.0
+    warm_s: float = 0.0
+    warm_passes_ms: list[float] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    input_form: str = "single"
+    footprint_bytes: int = 0
+    #: Digest of the example's output, when weights are declared (worker/weights.py).
+    output_digest: str | None = None
+
+
+@dataclass
+class ModelRecord:
+    """Which workers a model has, what they serve, and what happened to them."""
+
+    #: The worker answering requests (None: unloaded, or never started).
+    serving: WorkerProcess | None = None
+    #: strategy "respawn": the worker started ahead of time for the next reload.
+    standby: WorkerProcess | None = None
+    #: strategy "respawn": the worker a reload just replaced, while it drains and syncs.
+    retiring: WorkerProcess | None = None
+    #: The version `serving` serves.
+    current: VersionInfo | None = None
+    #: The highest version this session served: a load after an unload goes on from it, so
+    #: a version number never names two different builds within a session.
+    last_version: int = 0
+    #: One per worker process started (a worker's name in its logs).
+    generation: int = 0
+    restarts: int = 0
+    state: str = "stopped"
+    last_error: str | None = None
+    #: The phase of the job running now (events and Xid reports are tagged with it).
+    phase: str | None = None
+    #: Copy of the code and weights of the version serving now (None: use the disk).
+    good_snapshot: Snapshot | None = None
+    #: Every reload's outcome, oldest first.
+    history: list[ReloadOutcome] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def version(self) -> int:
+        return self.current.version if self.current else 0
+
+    @property
+    def next_version(self) -> int:
+        """The number the next build gets: one past the highest this session served."""
+        return max(self.last_version, self.version) + 1
+
+    def workers(self) -> list[WorkerProcess]:
+        """Every process this model has now (the GPU process list marks them as ours)."""
+        return [w for w in (self.serving, self.standby, self.retiring) if w is not None]

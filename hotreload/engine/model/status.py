@@ -1,0 +1,86 @@
+"""What `hotreload status`, the dashboard and HTTP show for one model: read from its record
+and its workers, never written."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
+
+if TYPE_CHECKING:
+    from hotreload.engine.model.context import Supervisor
+
+#: The serving worker's own figures passed on in `status()["worker"]`.
+WORKER_FIELDS = ("rss_bytes", "allocator", "served", "failed", "threads", "torch", "streams")
+
+
+class WorkerFigures:
+    """The serving worker's own figures (RSS, allocator), asked for at most as often as the
+    caller allows: each reading costs the worker's serving thread a moment of the GIL."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, Any] = {}
+        self._at = 0.0
+
+    async def read(
+        self, worker: WorkerProcess | None, timeout_s: float = 1.0, max_age_s: float = 0.0
+    ) -> dict[str, Any]:
+        if worker is None or not worker.alive:
+            return self.last
+        if max_age_s and time.monotonic() - self._at < max_age_s:
+            return self.last
+        try:
+            self.last = await worker.request(WorkerOp.STATUS, timeout_s)
+            self._at = time.monotonic()
+        except (TimeoutError, WorkerDied, WorkerReplyError):
+            pass
+        return self.last
+
+
+async def model_status(sup: Supervisor, worker_max_age_s: float = 0.0) -> dict[str, Any]:
+    rec = sup.record
+    worker, current = rec.serving, rec.current
+    ws = await sup.worker_status(max_age_s=worker_max_age_s)
+    limit = worker.memory_limit() if worker else None
+    cpus = sup.workers.cpus
+    return {
+        "name": sup.name,
+        "state": rec.state,
+        "version": rec.version,
+        "device": (worker.device if worker else None) or sup.model.device,
+        "policy": sup.model.policy,
+        "strategy": sup.model.strategy,
+        "pid": worker.pid if worker else None,
+        "restarts": rec.restarts,
+        "last_error": rec.last_error,
+        "load_s": current.load_s if current else None,
+        "warm_s": current.warm_s if current else None,
+        "warm_passes_ms": current.warm_passes_ms if current else [],
+        "outputs": current.outputs if current else [],
+        "inputs": sup.router.input_signature,
+        "input_form": sup.router.input_form,
+        **sup.router.snapshot(),
+        "worker": {k: ws.get(k) for k in WORKER_FIELDS if k in ws},
+        "standby": standby_status(rec.standby),
+        # The cgroup memory limit the serving worker runs under (None: no limit).
+        "memory_limit_bytes": limit.limit_bytes if limit else None,
+        # Where the serving worker runs, and everything else (None: not pinned).
+        "cpus": None
+        if cpus is None
+        else {"serving": sorted(cpus), "rest": sorted(sup.workers.cpus_rest)},
+    }
+
+
+def standby_status(worker: WorkerProcess | None) -> dict[str, Any] | None:
+    """The idle worker waiting for the next reload (strategy respawn): one more process
+    holding memory, so it shows. Read from outside: asking it would wake it up."""
+    if worker is None or not worker.alive or worker.pid is None:
+        return None
+    try:
+        rss = psutil.Process(worker.pid).memory_info().rss
+    except psutil.Error:
+        rss = None
+    return {"pid": worker.pid, "rss_bytes": rss, "reuses": worker.recycled}
