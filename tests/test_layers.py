@@ -17,6 +17,7 @@ HEAVY = ("torch", "textual", "pynvml")
         "hotreload.engine.router, hotreload.engine.endpoint, hotreload.engine.worker_proc",
         "hotreload.client, hotreload.cli, hotreload.status_cmd, hotreload.reload_cmd",
         "hotreload.session_call, hotreload.check, hotreload.engine.model.respawn",
+        "hotreload.engine.checkpoint_ready",
         "hotreload.engine.model.recovery, hotreload.engine.watcher, hotreload.commands.watch",
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
         "hotreload.commands.dashboard_ops, hotreload.commands.watch_dashboard",

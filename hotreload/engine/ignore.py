@@ -46,6 +46,8 @@ IGNORED_FILES = (
     "*___jb_old___",
     "*.tmp",
     ".*.tmp",
+    # safetensors' save_file writes `.tmpXXXXXX` beside the target, then renames it.
+    ".tmp*",
     "*.log",
     ".DS_Store",
 )
