@@ -67,6 +67,8 @@ class Deadlines:
     forward_s: float = 60.0
     #: How long a stopping worker may take to exit before it is killed.
     stop_s: float = 10.0
+    #: How long a reload waits for a weights file still being written (a trainer's save).
+    checkpoint_s: float = 30.0
 
     @property
     def drain_wait_s(self) -> float:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hotreload.engine.checkpoint_ready import wait_until_complete
 from hotreload.engine.model import recovery, snapshot_keeper
 from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.model.phases import PhaseRunner
@@ -78,8 +79,10 @@ async def _run_locked(sup: Supervisor, job: ReloadJob, outcome: ReloadOutcome) -
     else:
         outcome.policy, reason = await choose_policy(sup)
         sup.events.emit("policy", model=sup.name, policy=outcome.policy, reason=reason)
-    candidate = await snapshot_keeper.candidate(sup, rec.next_version)
+    candidate: Snapshot | None = None
     try:
+        await wait_for_checkpoints(sup, runner)
+        candidate = await snapshot_keeper.candidate(sup, rec.next_version)
         if cold:
             # No live worker (the first start failed, unloaded, or restarts gave up).
             if rec.serving is not None and not rec.serving.alive:
@@ -105,6 +108,42 @@ async def _run_locked(sup: Supervisor, job: ReloadJob, outcome: ReloadOutcome) -
             snapshot_keeper.remove(candidate)
         raise
     return candidate
+
+
+async def wait_for_checkpoints(sup: Supervisor, runner: PhaseRunner) -> None:
+    """A weights file still being written (a trainer's save) is waited for, to
+    `deadlines.checkpoint_s`, instead of failing to load: a phase only when it has to wait,
+    and a failed one, naming the file, when the wait runs out."""
+    # A missing file is the load's to report, at once: nothing is writing it.
+    files = [p for p in sup.model.weights if p.exists()]
+    if not files:
+        return
+    if not await wait_until_complete(files, deadline_s=0):
+        return  # complete (one look at each file's structure): no phase to show
+    deadline = sup.model.deadlines.checkpoint_s
+    waited: list[str] = []
+
+    def on_wait(path: Any, problem: str) -> None:
+        waited.append(f"{path.name} ({problem})")
+        sup.events.emit(
+            "checkpoint_wait",
+            model=sup.name,
+            file=str(path),
+            message=f"waiting up to {deadline:g} s for {path.name} to be complete ({problem})",
+        )
+
+    async def checkpoint() -> dict[str, Any]:
+        left = await wait_until_complete(files, deadline_s=deadline, on_wait=on_wait)
+        if left:
+            problems = "; ".join(f"{p.name}: {why}" for p, why in left.items())
+            raise PhaseFailed(
+                "checkpoint",
+                f"weights still incomplete after the {deadline:g} s checkpoint deadline "
+                f"({problems}); save to a temporary file and rename it over the old one",
+            )
+        return {"detail": "waited for " + "; ".join(waited)}
+
+    await runner.run("checkpoint", checkpoint)
 
 
 def warn_weights_override(sup: Supervisor, job: ReloadJob, info: VersionInfo) -> None:
