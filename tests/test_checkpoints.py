@@ -99,7 +99,7 @@ def test_a_checkpoint_written_in_place_is_waited_for_and_then_loaded(tmp_path: P
 def test_a_checkpoint_never_finished_fails_its_phase_and_the_old_version_serves(
     tmp_path: Path,
 ) -> None:
-    outcome, seen, before, after = reload_during_write(tmp_path, finish=False, checkpoint_s=0.5)
+    outcome, _, before, after = reload_during_write(tmp_path, finish=False, checkpoint_s=0.5)
     assert not outcome.ok and outcome.phase == "checkpoint", outcome
     assert "still incomplete after the 0.5 s checkpoint deadline" in (outcome.error or "")
     assert "rename it over the old one" in (outcome.error or "")

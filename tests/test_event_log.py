@@ -34,6 +34,20 @@ class FullDisk:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+def done(bus: EventBus, version: int, trigger: str = "file") -> None:
+    """A `reload_done` event (every field it requires)."""
+    bus.emit(
+        "reload_done",
+        model="mlp",
+        version=version,
+        total_s=0.1,
+        policy="availability",
+        strategy="inplace",
+        phases={"load": 0.05},
+        trigger=trigger,
+    )
+
+
 def lines(path: Path) -> list[dict]:
     text = path.read_text()
     assert text == "" or text.endswith("\n"), f"a partial last line: {text[-80:]!r}"
@@ -48,21 +62,21 @@ def test_a_full_disk_is_said_once_leaves_no_partial_line_and_writing_resumes(
     bus = EventBus(path, write=disk)
     seen: list[dict] = []
     bus.subscribe(seen.append)
-    bus.emit("reload_done", model="mlp", version=1)
+    done(bus, 1)
 
     disk.full, disk.room = True, 17  # the next line is cut after 17 bytes
     for v in range(2, 6):
-        bus.emit("reload_done", model="mlp", version=v)
+        done(bus, v)
     assert [e["version"] for e in lines(path)] == [1]
     errors = [e for e in seen if e["kind"] == "events_file_error"]
     assert len(errors) == 1 and "No space left on device" in errors[0]["message"]
 
     disk.full = False  # space is back: the waiting lines follow, in order
-    bus.emit("reload_done", model="mlp", version=6)
+    done(bus, 6)
     got = lines(path)
     assert [e.get("version") for e in got if e["kind"] == "reload_done"] == [1, 2, 3, 4, 5, 6]
     assert [e["kind"] for e in seen].count("events_file_resumed") == 1
-    bus.emit("reload_done", model="mlp", version=7)
+    done(bus, 7)
     assert lines(path)[-1]["version"] == 7
     bus.close()
 
@@ -76,9 +90,9 @@ def test_a_long_outage_keeps_the_newest_lines_and_says_how_many_were_lost(
     bus = EventBus(path, write=disk)
     disk.full = True
     for v in range(10):
-        bus.emit("reload_done", model="mlp", version=v)
+        done(bus, v)
     disk.full = False
-    bus.emit("reload_done", model="mlp", version=10)
+    done(bus, 10)
     got = lines(path)
     assert [e["version"] for e in got if e["kind"] == "reload_done"] == [8, 9, 10]
     (note,) = [e for e in got if e["kind"] == "events_file_resumed"]
@@ -109,7 +123,7 @@ def test_a_real_full_file_system(tiny_disk: Path) -> None:
     bus = EventBus(path)
     seen: list[dict] = []
     bus.subscribe(seen.append)
-    bus.emit("reload_done", model="mlp", version=1)
+    done(bus, 1)
     filler = tiny_disk / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
     try:  # take every byte that is left
@@ -120,11 +134,11 @@ def test_a_real_full_file_system(tiny_disk: Path) -> None:
     finally:
         os.close(fd)
     for v in range(2, 40):
-        bus.emit("reload_done", model="mlp", version=v, detail="x" * 300)
+        done(bus, v, trigger="x" * 300)
     assert [e["kind"] for e in seen].count("events_file_error") == 1
     lines(path)  # whole lines only, whatever fitted
     filler.unlink()
-    bus.emit("reload_done", model="mlp", version=40)
+    done(bus, 40)
     got = [e["version"] for e in lines(path) if e["kind"] == "reload_done"]
     assert got == list(range(1, 41))
     assert [e["kind"] for e in seen].count("events_file_resumed") == 1

@@ -9,6 +9,10 @@ once, as an `events_file_error` event and a line on stderr; the lines that could
 written wait in memory (the newest `MAX_PENDING_LINES`), every later event tries again, and
 once a write succeeds they follow in order, after an `events_file_resumed` line saying how
 many were lost. A write cut short is undone, so a reader never meets half a line.
+
+Every event is a dataclass of engine/event_kinds.py, built by `build` (an unknown kind or
+field raises TypeError) and serialised by `as_dict`, once, for the subscribers and the file
+alike. `from_dict` gives a subscriber (or a reader of the file) the dataclass back.
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hotreload.engine.event_kinds import (
+    EVENT_TYPES,
+    RESERVED,
+    BaseEvent,
+    EventsFileError,
+    EventsFileResumed,
+)
 from hotreload.paths import ensure_state_dir, open_private
 
 Event = dict[str, Any]
@@ -30,6 +41,60 @@ Subscriber = Callable[[Event], None]
 Writer = Callable[[int, bytes], int]
 #: Lines kept while the file cannot be written (older ones are counted, then dropped).
 MAX_PENDING_LINES = 1000
+
+
+# ------------------------------------------------------------------ one event, typed and serialised
+
+
+def build(kind: str, fields: dict[str, Any]) -> BaseEvent:
+    """The event of `kind` with `fields`; TypeError names an unknown kind, a field the kind
+    does not declare, or a required one missing."""
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise TypeError(
+            f"unknown event kind {kind!r}: declare it in hotreload/engine/event_kinds.py"
+        )
+    for name in fields:
+        if name not in cls.field_names:
+            raise TypeError(
+                f"event {kind!r} has no field {name!r} "
+                f"(it has {', '.join(cls.field_names) or 'none'}); "
+                "declare it in hotreload/engine/event_kinds.py"
+            )
+    for name in cls.field_names:
+        if name in cls.required_fields and name not in fields:
+            raise TypeError(f"event {kind!r} needs the field {name!r}")
+    return cls(**fields)
+
+
+def fields_of(event: BaseEvent) -> dict[str, Any]:
+    """The event's fields in declaration order, less the optional ones that are None."""
+    out: dict[str, Any] = {}
+    for name in event.field_names:
+        value = getattr(event, name)
+        if value is not None or name in event.required_fields:
+            out[name] = value
+    return out
+
+
+def as_dict(event: BaseEvent, ts: float) -> dict[str, Any]:
+    """The event as subscribers get it and events.jsonl stores it."""
+    return {"ts": ts, "kind": event.kind, **fields_of(event)}
+
+
+def from_dict(event: dict[str, Any], *, strict: bool = True) -> BaseEvent:
+    """The dataclass for an event dict (a subscriber's, or a line of events.jsonl).
+    `strict=False` drops keys the kind does not declare (a file an older or newer hotreload
+    wrote; the dashboard's `replayed` mark) instead of raising TypeError."""
+    kind = str(event.get("kind"))
+    fields = {k: v for k, v in event.items() if k not in RESERVED}
+    cls = EVENT_TYPES.get(kind)
+    if not strict and cls is not None:
+        fields = {k: v for k, v in fields.items() if k in cls.field_names}
+    return build(kind, fields)
+
+
+# ------------------------------------------------------------------ the file and the bus
 
 
 class EventFile:
@@ -121,17 +186,21 @@ class EventBus:
         self._subscribers.append(fn)
         return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
 
-    def emit_once(self, kind: str, **fields: Any) -> Event | None:
+    def emit_once(self, kind: str | BaseEvent, **fields: Any) -> Event | None:
         """`emit`, unless an event of this kind with these fields was emitted before by
         `emit_once` (a note a model's every version would repeat)."""
-        key = (kind, *sorted((k, repr(v)) for k, v in fields.items()))
+        event = _typed(kind, fields)
+        key = (event.kind, *sorted((k, repr(v)) for k, v in fields_of(event).items()))
         if key in self._said_once:
             return None
         self._said_once.add(key)
-        return self.emit(kind, **fields)
+        return self.emit(event)
 
-    def emit(self, kind: str, **fields: Any) -> Event:
-        event: Event = {"ts": time.time(), "kind": kind, **fields}
+    def emit(self, kind: str | BaseEvent, **fields: Any) -> Event:
+        """Build the event (`emit("ready", model=..., ...)`, or `emit(Ready(...))`), keep
+        it, write it to events.jsonl and hand its dict to every subscriber. TypeError for a
+        kind or a field that engine/event_kinds.py does not declare."""
+        event = as_dict(_typed(kind, fields), time.time())
         self.recent.append(event)
         if self._file is not None:
             line = (json.dumps(event, default=str) + "\n").encode()
@@ -151,12 +220,12 @@ class EventBus:
             )
             if not self._subscribers:  # else the printer or the dashboard says it
                 print(f"hotreload: {message}", file=sys.stderr)
-            self._publish({"ts": time.time(), "kind": "events_file_error", "message": message})
+            self._publish(as_dict(EventsFileError(message=message), time.time()))
             return
-        note: Event = {"ts": time.time(), "kind": "events_file_resumed", "lost": detail}
-        note["message"] = f"writing {path} again" + (
+        message = f"writing {path} again" + (
             f"; {detail} event(s) were lost while it could not be written" if detail else ""
         )
+        note = as_dict(EventsFileResumed(lost=int(detail), message=message), time.time())
         # In the file too: a reader of it sees where lines went missing.
         self._file.append((json.dumps(note) + "\n").encode())
         self._publish(note)
@@ -172,3 +241,13 @@ class EventBus:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _typed(kind: str | BaseEvent, fields: dict[str, Any]) -> BaseEvent:
+    if isinstance(kind, BaseEvent):
+        if EVENT_TYPES.get(getattr(kind, "kind", "")) is not type(kind):
+            raise TypeError(f"{type(kind).__name__} is not a registered event kind")
+        if fields:
+            raise TypeError(f"emit({type(kind).__name__}(...)) takes no more fields: {fields}")
+        return kind
+    return build(kind, fields)

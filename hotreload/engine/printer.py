@@ -25,7 +25,6 @@ EVENT_STYLES = {
     "cpus_failed": "yellow",
     "watch_paused": "yellow",
     "watch_waiting": "yellow",
-    "reload_skipped": "dim",
 }
 
 
@@ -40,112 +39,162 @@ def describe_xid_sources(
     )
 
 
+Formatter = Callable[[dict[str, Any]], str]
+
+
+def _m(e: dict[str, Any]) -> str:
+    return e.get("model", "")
+
+
+def _plural(n: int) -> str:
+    return f"{n} change{'s' if n != 1 else ''}"
+
+
+def _with_traceback(text: str, e: dict[str, Any]) -> str:
+    return text + ("\n" + e["traceback"].rstrip() if e.get("traceback") else "")
+
+
+def _ready(e: dict[str, Any]) -> str:
+    return (
+        f"{_m(e)}: v{e['version']} ready on {e.get('device')} "
+        f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
+        f"worker pid {e.get('pid')})" + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
+    )
+
+
+def _standby_ready(e: dict[str, Any]) -> str:
+    how = f" (kept after {e.get('after') or 'serving'})" if e.get("recycled") else ""
+    return f"{_m(e)}: standby worker pid {e.get('pid')}{how} ready for the next reload"
+
+
+def _phase_end(e: dict[str, Any]) -> str:
+    extra = f" - {e['detail']}" if e.get("detail") else ""
+    status = "ok" if e.get("ok", True) else "FAILED"
+    if e.get("skipped"):
+        status = "skipped"
+    return (
+        f"{_m(e)}:   {e.get('phase'):<7} {e.get('duration_s', 0) * 1000:8.1f} ms  {status}{extra}"
+    )
+
+
+def _watch_resumed(e: dict[str, Any]) -> str:
+    n = e.get("waiting", 0)
+    return "watcher resumed" + (f": reloading {_plural(n)} made while paused" if n else "")
+
+
+def _rewarm_done(e: dict[str, Any]) -> str:
+    passes = ", ".join(f"{p:.1f}" for p in e.get("passes_ms", [])[:5])
+    return f"{_m(e)}: warm-up re-run in {e.get('warm_s', 0) * 1000:.0f} ms ({passes} ms)"
+
+
+#: kind -> its plain-mode line. A kind of engine/event_kinds.py is here or in SILENT_KINDS
+#: (tests/test_printer.py).
+FORMATTERS: dict[str, Formatter] = {
+    # A model's worker
+    "ready": _ready,
+    "model_note": lambda e: f"{_m(e)}: note: {e.get('message')}",
+    "start_failed": lambda e: _with_traceback(
+        f"{_m(e)}: failed to start in {e.get('phase') or 'start'}: {e.get('error')}", e
+    ),
+    "worker_died": lambda e: (
+        f"{_m(e)}: worker pid {e.get('pid')} died ({e.get('reason')}); restarting"
+    ),
+    "standby_ready": _standby_ready,
+    "snapshot_rewritten": lambda e: f"{_m(e)}: warning: {e.get('message')}",
+    "weights_override": lambda e: f"{_m(e)}: warning: {e.get('message')}",
+    "checkpoint_wait": lambda e: f"{_m(e)}: {e.get('message')}",
+    "recycle_disabled": lambda e: (
+        f"{_m(e)}: {e.get('reason')}; from now on each standby is a fresh process"
+    ),
+    "standby_failed": lambda e: (
+        f"{_m(e)}: standby worker did not start ({e.get('error')}); reloads spawn one"
+    ),
+    "worker_restarted": lambda e: (
+        f"{_m(e)}: worker restarted (pid {e.get('pid')}, v{e.get('version')})"
+    ),
+    "restart_failed": lambda e: (
+        f"{_m(e)}: restart attempt {e.get('attempt')} failed in {e.get('phase')}: {e.get('error')}"
+    ),
+    "wedged": lambda e: (
+        f"{_m(e)}: WEDGED in {e.get('phase')}: {e.get('detail')}; killing the worker"
+    ),
+    "rewarm_done": _rewarm_done,
+    "cpus_failed": lambda e: f"{_m(e)}: warning: worker pid {e.get('pid')}: {e.get('detail')}",
+    "gpu_reset": lambda e: (
+        f"{_m(e)}: GPU reset {'done' if e.get('ok') else 'not done'}: {e.get('message')}"
+    ),
+    # Reloads
+    "reload_requested": lambda e: (
+        f"{_m(e)}: reload requested by {e.get('trigger')}"
+        + (f" ({e['detail']})" if e.get("detail") else "")
+    ),
+    "policy": lambda e: f"{_m(e)}: policy {e.get('policy')} ({e.get('reason')})",
+    "phase_end": _phase_end,
+    "reload_done": lambda e: (
+        f"{_m(e)}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
+        f"({e.get('policy')}, {e.get('strategy')})"
+    ),
+    "reload_failed": lambda e: _with_traceback(
+        f"{_m(e)}: reload FAILED in {e.get('phase')}: {e.get('error')} "
+        f"- v{e.get('version')} keeps serving",
+        e,
+    ),
+    # The watcher
+    "watch_error": lambda e: f"watcher: {e.get('error')}",
+    "watch_paused": lambda e: "watcher paused: edits are not reloaded until it resumes",
+    "watch_waiting": lambda e: (
+        f"watcher paused: {_plural(e.get('waiting', 0))} waiting (applied on resume)"
+    ),
+    "watch_resumed": _watch_resumed,
+    "watching": lambda e: (
+        f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
+    ),
+    # Session, config, front ends
+    "config_error": lambda e: f"config error: {e.get('error')}",
+    "config_changed": lambda e: str(e.get("detail")),
+    "http_started": lambda e: (
+        f"http: listening on {e.get('url')}\nhttp: metrics on {e.get('metrics_url')}"
+    ),
+    "cpus": lambda e: f"cpus: {e.get('detail')}",
+    "events_file_error": lambda e: "warning: " + str(e.get("message")),
+    "events_file_resumed": lambda e: str(e.get("message")),
+    # The GPU
+    "gpu_unavailable": lambda e: f"no GPU data: {e.get('reason')}",
+    "xid_sources": lambda e: "Xid sources: " + describe_xid_sources(e.get("sources", [])),
+    "xid": lambda e: (
+        f"Xid {e.get('xid')} ({e.get('name')}, {e.get('severity')}) on {e.get('pci')}: "
+        f"{e.get('action')}"
+    ),
+}
+
+#: Kinds plain mode does not print (tests/test_printer.py: every kind is here or above).
+SILENT_KINDS = frozenset(
+    {
+        # Too chatty for a log: each state change, phase start, debounce window.
+        "state",
+        "phase_start",
+        "change_detected",
+        "rewarm_started",
+        # Said by another line: `ready`, `watching` or `http_started`; the command's exit;
+        # the dashboard's own (it publishes `session_lost`).
+        "session_started",
+        "worker_started",
+        "session_stopping",
+        "session_stopped",
+        "session_lost",
+        # Trouble that has never had a line of its own (a restart, or the reload's outcome,
+        # follows the first two; nothing says the third): candidates for one.
+        "worker_lost",
+        "restore_failed",
+        "snapshot_skipped",
+    }
+)
+
+
 def format_event(e: dict[str, Any]) -> str | None:
     """The line to print for an event, or None for events too chatty for plain mode."""
-    kind = e.get("kind")
-    m = e.get("model", "")
-    if kind == "ready":
-        return (
-            f"{m}: v{e['version']} ready on {e.get('device')} "
-            f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
-            f"worker pid {e.get('pid')})" + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
-        )
-    if kind == "model_note":
-        return f"{m}: note: {e.get('message')}"
-    if kind == "start_failed":
-        text = f"{m}: failed to start in {e.get('phase') or 'start'}: {e.get('error')}"
-        if e.get("traceback"):
-            text += "\n" + e["traceback"].rstrip()
-        return text
-    if kind == "worker_died":
-        return f"{m}: worker pid {e.get('pid')} died ({e.get('reason')}); restarting"
-    if kind == "standby_ready":
-        how = f" (kept after {e.get('after') or 'serving'})" if e.get("recycled") else ""
-        return f"{m}: standby worker pid {e.get('pid')}{how} ready for the next reload"
-    if kind in ("snapshot_rewritten", "weights_override"):
-        return f"{m}: warning: {e.get('message')}"
-    if kind == "recycle_disabled":
-        return f"{m}: {e.get('reason')}; from now on each standby is a fresh process"
-    if kind == "standby_failed":
-        return f"{m}: standby worker did not start ({e.get('error')}); reloads spawn one"
-    if kind == "worker_restarted":
-        return f"{m}: worker restarted (pid {e.get('pid')}, v{e.get('version')})"
-    if kind == "restart_failed":
-        return (
-            f"{m}: restart attempt {e.get('attempt')} failed in {e.get('phase')}: {e.get('error')}"
-        )
-    if kind == "wedged":
-        return f"{m}: WEDGED in {e.get('phase')}: {e.get('detail')}; killing the worker"
-    if kind == "reload_requested":
-        return f"{m}: reload requested by {e.get('trigger')}" + (
-            f" ({e['detail']})" if e.get("detail") else ""
-        )
-    if kind == "policy":
-        return f"{m}: policy {e.get('policy')} ({e.get('reason')})"
-    if kind == "phase_end":
-        extra = f" - {e['detail']}" if e.get("detail") else ""
-        status = "ok" if e.get("ok", True) else "FAILED"
-        if e.get("skipped"):
-            status = "skipped"
-        return (
-            f"{m}:   {e.get('phase'):<7} {e.get('duration_s', 0) * 1000:8.1f} ms  {status}{extra}"
-        )
-    if kind == "reload_done":
-        return (
-            f"{m}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
-            f"({e.get('policy')}, {e.get('strategy')})"
-        )
-    if kind == "reload_failed":
-        text = (
-            f"{m}: reload FAILED in {e.get('phase')}: {e.get('error')} "
-            f"- v{e.get('version')} keeps serving"
-        )
-        if e.get("traceback"):
-            text += "\n" + e["traceback"].rstrip()
-        return text
-    if kind == "reload_skipped":
-        return f"{m}: no reload: {e.get('reason')}"
-    if kind == "watch_error":
-        return f"watcher: {e.get('error')}"
-    if kind == "watch_paused":
-        return "watcher paused: edits are not reloaded until it resumes"
-    if kind == "watch_waiting":
-        n = e.get("waiting", 0)
-        return f"watcher paused: {n} change{'s' if n != 1 else ''} waiting (applied on resume)"
-    if kind == "watch_resumed":
-        n = e.get("waiting", 0)
-        return "watcher resumed" + (
-            f": reloading {n} change{'s' if n != 1 else ''} made while paused" if n else ""
-        )
-    if kind == "watching":
-        return f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
-    if kind == "rewarm_done":
-        passes = ", ".join(f"{p:.1f}" for p in e.get("passes_ms", [])[:5])
-        return f"{m}: warm-up re-run in {e.get('warm_s', 0) * 1000:.0f} ms ({passes} ms)"
-    if kind == "config_error":
-        return f"config error: {e.get('error')}"
-    if kind == "config_changed":
-        return str(e.get("detail"))
-    if kind == "http_started":
-        return f"http: listening on {e.get('url')}\nhttp: metrics on {e.get('metrics_url')}"
-    if kind == "cpus":
-        return f"cpus: {e.get('detail')}"
-    if kind == "cpus_failed":
-        return f"{m}: warning: worker pid {e.get('pid')}: {e.get('detail')}"
-    if kind in ("events_file_error", "events_file_resumed"):
-        return ("warning: " if kind == "events_file_error" else "") + str(e.get("message"))
-    if kind == "gpu_unavailable":
-        return f"no GPU data: {e.get('reason')}"
-    if kind == "gpu_reset":
-        return f"{m}: GPU reset {'done' if e.get('ok') else 'not done'}: {e.get('message')}"
-    if kind == "xid_sources":
-        return "Xid sources: " + describe_xid_sources(e.get("sources", []))
-    if kind == "xid":
-        return (
-            f"Xid {e.get('xid')} ({e.get('name')}, {e.get('severity')}) on {e.get('pci')}: "
-            f"{e.get('action')}"
-        )
-    return None
+    formatter = FORMATTERS.get(str(e.get("kind")))
+    return None if formatter is None else formatter(e)
 
 
 class PlainPrinter:

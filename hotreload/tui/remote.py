@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.client import AsyncClient, Client
-from hotreload.engine.events import Event
+from hotreload.engine.event_kinds import SessionLost
+from hotreload.engine.events import Event, as_dict
 from hotreload.engine.model import PhaseFailed, ReloadOutcome
 from hotreload.errors import BadRequestError, HotreloadError, NoServerError
 from hotreload.gpu.readings import GpuSnapshot
@@ -96,7 +97,7 @@ class RemoteSource:
     def _on_frame(self, frame: Frame | None) -> None:
         if frame is None:
             if not self._closed:
-                self._publish({"kind": "session_lost", "ts": self.clock.now()})
+                self._publish(as_dict(SessionLost(), self.clock.now()))
             return
         event = frame.header.get("event")
         if isinstance(event, dict):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hotreload.engine.events import Event
+from hotreload.engine.events import Event, as_dict, build
 from hotreload.engine.model import ReloadOutcome
 from hotreload.gpu.readings import GpuDevice, GpuProcess, GpuSnapshot
 from hotreload.gpu.reset import ResetDecision, ResetResult
@@ -79,9 +79,10 @@ class ScriptedSource:
         return lambda: self.subscribers.remove(fn)
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Play an engine event to the app."""
+        """Play an engine event to the app (checked and shaped as the engine's are)."""
+        event = as_dict(build(kind, fields), self.clock.now())
         for fn in list(self.subscribers):
-            fn({"ts": self.clock.now(), "kind": kind, **fields})
+            fn(event)
 
     async def reload(self, model: str | None) -> list[ReloadOutcome]:
         self.calls.append(("reload", model))

@@ -1,0 +1,376 @@
+"""Plain mode (engine/printer.py): one line per event, from a table of formatters.
+
+The expected lines are what the if-chain that the table replaced printed for the same
+events; every kind of engine/event_kinds.py is either printed or deliberately silent.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from hotreload.engine.event_kinds import EVENT_TYPES
+from hotreload.engine.printer import (
+    EVENT_STYLES,
+    FORMATTERS,
+    SILENT_KINDS,
+    PlainPrinter,
+    format_event,
+)
+
+TRACEBACK = "Traceback (most recent call last):\n  File x\nValueError: boom\n"
+
+#: (event, the line plain mode prints for it, or None).
+CASES: list[tuple[dict[str, Any], str | None]] = [
+    (
+        {
+            "kind": "ready",
+            "model": "mlp",
+            "version": 2,
+            "device": "cuda:0",
+            "pid": 7,
+            "load_s": 1.234,
+            "warm_s": 0.5,
+            "inputs": "x [-1, -1]",
+        },
+        "mlp: v2 ready on cuda:0 (load 1.23 s, warm-up 0.50 s, worker pid 7); inputs x [-1, -1]",
+    ),
+    (
+        {"kind": "ready", "model": "mlp", "version": 2, "device": "cpu", "pid": 7, "ts": 0.0},
+        "mlp: v2 ready on cpu (load 0.00 s, warm-up 0.00 s, worker pid 7)",
+    ),
+    (
+        {"kind": "model_note", "model": "mlp", "message": "output 'aux' left out"},
+        "mlp: note: output 'aux' left out",
+    ),
+    (
+        {
+            "kind": "start_failed",
+            "model": "mlp",
+            "phase": "load",
+            "error": "boom",
+            "traceback": TRACEBACK,
+        },
+        "mlp: failed to start in load: boom\n" + TRACEBACK.rstrip(),
+    ),
+    (
+        {"kind": "start_failed", "model": "mlp", "error": "boom"},
+        "mlp: failed to start in start: boom",
+    ),
+    (
+        {"kind": "worker_died", "model": "mlp", "pid": 9, "reason": "SIGKILL"},
+        "mlp: worker pid 9 died (SIGKILL); restarting",
+    ),
+    ({"kind": "worker_died"}, ": worker pid None died (None); restarting"),
+    (
+        {"kind": "standby_ready", "model": "mlp", "pid": 11, "recycled": 0},
+        "mlp: standby worker pid 11 ready for the next reload",
+    ),
+    (
+        {
+            "kind": "standby_ready",
+            "model": "mlp",
+            "pid": 11,
+            "recycled": 2,
+            "after": "a failed build",
+        },
+        "mlp: standby worker pid 11 (kept after a failed build) ready for the next reload",
+    ),
+    (
+        {"kind": "standby_ready", "model": "mlp", "pid": 11, "recycled": 1},
+        "mlp: standby worker pid 11 (kept after serving) ready for the next reload",
+    ),
+    (
+        {
+            "kind": "snapshot_rewritten",
+            "model": "mlp",
+            "files": ["w.pt"],
+            "message": "w.pt rewritten",
+        },
+        "mlp: warning: w.pt rewritten",
+    ),
+    (
+        {"kind": "weights_override", "model": "mlp", "version": 3, "message": "v3 answers as v2"},
+        "mlp: warning: v3 answers as v2",
+    ),
+    (
+        {
+            "kind": "checkpoint_wait",
+            "model": "mlp",
+            "file": "/p/w.safetensors",
+            "message": "waiting up to 30 s for w.safetensors to be complete (still being written)",
+        },
+        "mlp: waiting up to 30 s for w.safetensors to be complete (still being written)",
+    ),
+    (
+        {
+            "kind": "recycle_disabled",
+            "model": "mlp",
+            "reason": "the model does not survive a second import",
+        },
+        "mlp: the model does not survive a second import; "
+        "from now on each standby is a fresh process",
+    ),
+    (
+        {"kind": "standby_failed", "model": "mlp", "error": "no memory"},
+        "mlp: standby worker did not start (no memory); reloads spawn one",
+    ),
+    (
+        {
+            "kind": "worker_restarted",
+            "model": "mlp",
+            "pid": 12,
+            "version": 4,
+            "reason": "worker died",
+        },
+        "mlp: worker restarted (pid 12, v4)",
+    ),
+    (
+        {"kind": "restart_failed", "model": "mlp", "attempt": 2, "phase": "load", "error": "bad"},
+        "mlp: restart attempt 2 failed in load: bad",
+    ),
+    (
+        {"kind": "wedged", "model": "mlp", "phase": "drain", "detail": "stuck"},
+        "mlp: WEDGED in drain: stuck; killing the worker",
+    ),
+    (
+        {
+            "kind": "reload_requested",
+            "model": "mlp",
+            "trigger": "file",
+            "detail": "model.py",
+            "queued": False,
+        },
+        "mlp: reload requested by file (model.py)",
+    ),
+    (
+        {"kind": "reload_requested", "model": "mlp", "trigger": "command", "queued": True},
+        "mlp: reload requested by command",
+    ),
+    (
+        {"kind": "policy", "model": "mlp", "policy": "availability", "reason": "room for two"},
+        "mlp: policy availability (room for two)",
+    ),
+    (
+        {
+            "kind": "phase_end",
+            "model": "mlp",
+            "phase": "load",
+            "duration_s": 0.01234,
+            "ok": True,
+            "skipped": False,
+        },
+        "mlp:   load        12.3 ms  ok",
+    ),
+    (
+        {
+            "kind": "phase_end",
+            "model": "mlp",
+            "phase": "warm",
+            "duration_s": 1.5,
+            "ok": False,
+            "detail": "warm-up failed",
+        },
+        "mlp:   warm      1500.0 ms  FAILED - warm-up failed",
+    ),
+    (
+        {
+            "kind": "phase_end",
+            "model": "mlp",
+            "phase": "sync",
+            "duration_s": 0.0,
+            "ok": True,
+            "skipped": True,
+            "detail": "nothing to sync",
+        },
+        "mlp:   sync         0.0 ms  skipped - nothing to sync",
+    ),
+    ({"kind": "phase_end", "model": "mlp", "phase": "lock"}, "mlp:   lock         0.0 ms  ok"),
+    (
+        {
+            "kind": "reload_done",
+            "model": "mlp",
+            "version": 3,
+            "total_s": 0.456,
+            "policy": "availability",
+            "strategy": "inplace",
+            "phases": {"load": 0.1},
+            "trigger": "file",
+        },
+        "mlp: reload -> v3 ok in 0.46 s (availability, inplace)",
+    ),
+    (
+        {
+            "kind": "reload_failed",
+            "model": "mlp",
+            "version": 2,
+            "phase": "load",
+            "error": "SyntaxError",
+            "trigger": "file",
+            "traceback": "Traceback\n  line\nSyntaxError\n",
+        },
+        "mlp: reload FAILED in load: SyntaxError - v2 keeps serving\n"
+        "Traceback\n  line\nSyntaxError",
+    ),
+    (
+        {
+            "kind": "reload_failed",
+            "model": "mlp",
+            "version": 2,
+            "error": "internal",
+            "trigger": "file",
+        },
+        "mlp: reload FAILED in None: internal - v2 keeps serving",
+    ),
+    (
+        {"kind": "watch_error", "error": "inotify watch limit reached"},
+        "watcher: inotify watch limit reached",
+    ),
+    ({"kind": "watch_paused"}, "watcher paused: edits are not reloaded until it resumes"),
+    (
+        {"kind": "watch_waiting", "waiting": 1},
+        "watcher paused: 1 change waiting (applied on resume)",
+    ),
+    (
+        {"kind": "watch_waiting", "waiting": 3},
+        "watcher paused: 3 changes waiting (applied on resume)",
+    ),
+    ({"kind": "watch_resumed", "waiting": 0}, "watcher resumed"),
+    (
+        {"kind": "watch_resumed", "waiting": 1},
+        "watcher resumed: reloading 1 change made while paused",
+    ),
+    (
+        {"kind": "watch_resumed", "waiting": 2},
+        "watcher resumed: reloading 2 changes made while paused",
+    ),
+    (
+        {
+            "kind": "watching",
+            "paths": ["/a", "/b"],
+            "files": 3,
+            "quiet_ms": 150,
+            "max_wait_ms": 1000,
+            "mode": "inotify",
+        },
+        "watching /a, /b (quiet 150 ms)",
+    ),
+    (
+        {
+            "kind": "rewarm_done",
+            "model": "mlp",
+            "warm_s": 0.0123,
+            "passes_ms": [1.0, 2.25, 3, 4, 5, 6, 7],
+        },
+        "mlp: warm-up re-run in 12 ms (1.0, 2.2, 3.0, 4.0, 5.0 ms)",
+    ),
+    ({"kind": "config_error", "error": "bad toml"}, "config error: bad toml"),
+    ({"kind": "config_changed", "detail": "hotreload.toml changed"}, "hotreload.toml changed"),
+    (
+        {
+            "kind": "http_started",
+            "url": "http://127.0.0.1:8000",
+            "host": "127.0.0.1",
+            "port": 8000,
+            "metrics_url": "http://127.0.0.1:8000/metrics",
+        },
+        "http: listening on http://127.0.0.1:8000\nhttp: metrics on http://127.0.0.1:8000/metrics",
+    ),
+    (
+        {"kind": "cpus", "serving": {"mlp": [0]}, "rest": [1, 2], "detail": "mlp on 0; rest 1-2"},
+        "cpus: mlp on 0; rest 1-2",
+    ),
+    (
+        {"kind": "cpus_failed", "model": "mlp", "pid": 7, "detail": "could not move"},
+        "mlp: warning: worker pid 7: could not move",
+    ),
+    (
+        {"kind": "events_file_error", "message": "cannot write events.jsonl"},
+        "warning: cannot write events.jsonl",
+    ),
+    (
+        {"kind": "events_file_resumed", "lost": 0, "message": "writing events.jsonl again"},
+        "writing events.jsonl again",
+    ),
+    ({"kind": "gpu_unavailable", "reason": "no NVIDIA driver"}, "no GPU data: no NVIDIA driver"),
+    (
+        {"kind": "gpu_reset", "model": "mlp", "ok": True, "message": "reset GPU 0"},
+        "mlp: GPU reset done: reset GPU 0",
+    ),
+    (
+        {"kind": "gpu_reset", "model": "mlp", "ok": False, "message": "press x"},
+        "mlp: GPU reset not done: press x",
+    ),
+    (
+        {
+            "kind": "xid_sources",
+            "sources": [
+                {"name": "nvml", "active": False, "reason": "no"},
+                {"name": "kmsg", "active": True, "reason": None},
+            ],
+        },
+        "Xid sources: nvml off (no); kmsg on",
+    ),
+    (
+        {
+            "kind": "xid",
+            "xid": 79,
+            "name": "GPU has fallen off the bus",
+            "severity": "critical",
+            "pci": "0000:65:00",
+            "action": "reset the GPU",
+        },
+        "Xid 79 (GPU has fallen off the bus, critical) on 0000:65:00: reset the GPU",
+    ),
+    ({"kind": "state", "model": "mlp", "state": "serving", "version": 2}, None),
+    ({"kind": "phase_start", "model": "mlp", "phase": "load"}, None),
+    ({"kind": "session_started", "socket": "/s", "pid": 1, "models": ["mlp"]}, None),
+    ({"kind": "stats", "model": "mlp", "count": 3}, None),
+    ({"model": "mlp"}, None),
+]
+
+
+@pytest.mark.parametrize(("event", "line"), CASES, ids=[str(c[0].get("kind")) for c in CASES])
+def test_each_event_prints_its_line(event: dict[str, Any], line: str | None) -> None:
+    assert format_event(event) == line
+
+
+def test_every_kind_is_printed_or_deliberately_silent() -> None:
+    kinds = set(EVENT_TYPES)
+    assert set(FORMATTERS) - kinds == set(), "a formatter for a kind nobody declares"
+    assert SILENT_KINDS - kinds == set(), "a silent kind nobody declares"
+    assert set(FORMATTERS) & SILENT_KINDS == set(), "printed and silent at once"
+    missing = kinds - set(FORMATTERS) - SILENT_KINDS
+    assert missing == set(), (
+        f"give {sorted(missing)} a formatter in engine/printer.py, or list them in SILENT_KINDS"
+    )
+    assert set(EVENT_STYLES) <= set(FORMATTERS), "a colour for a line never printed"
+
+
+def test_the_cases_cover_every_formatter_and_silent_kinds_print_nothing() -> None:
+    assert {c[0].get("kind") for c in CASES} >= set(FORMATTERS)
+    for kind in SILENT_KINDS:
+        assert format_event({"kind": kind, "model": "mlp"}) is None
+
+
+def test_the_printer_colours_the_first_line_and_dims_a_traceback() -> None:
+    out = io.StringIO()
+    event = {
+        "kind": "reload_failed",
+        "model": "mlp",
+        "version": 2,
+        "phase": "load",
+        "error": "boom",
+        "trigger": "file",
+        "traceback": TRACEBACK,
+        "ts": 0.0,
+    }
+    PlainPrinter(out, timestamps=False, colour=True)(event)
+    head, _, rest = out.getvalue().partition("\n")
+    assert "\x1b[" in head and "mlp: reload FAILED in load: boom" in head
+    assert "ValueError: boom" in rest and "\x1b[2m" in rest
+    plain = io.StringIO()
+    PlainPrinter(plain, timestamps=False, colour=False)({"kind": "state", "model": "mlp"})
+    assert plain.getvalue() == ""
