@@ -204,12 +204,15 @@ def _json_data(data: Any, name: str, dtype: str, shape: list[int]) -> bytes:
             )
         return encode_strings(items)[1]
     try:
-        if dtype == BF16:
-            # JSON carries numbers: round them to bfloat16 here, as Triton does.
-            arr = float32_to_bf16(np.asarray(data, dtype=np.float32))
-        else:
-            arr = np.asarray(data, dtype=WIRE_DTYPES[dtype])
-    except (TypeError, ValueError, OverflowError) as exc:
+        # A number past the dtype's range (3.5e38 for FP32) is the client's mistake: say so,
+        # rather than serve an inf (numpy only warns on an overflowing cast).
+        with np.errstate(over="raise", invalid="raise"):
+            if dtype == BF16:
+                # JSON carries numbers: round them to bfloat16 here, as Triton does.
+                arr = float32_to_bf16(np.asarray(data, dtype=np.float32))
+            else:
+                arr = np.asarray(data, dtype=WIRE_DTYPES[dtype])
+    except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
         raise InferRequestError(
             f"input {name!r}: 'data' does not hold {dtype} values: {exc}"
         ) from None
