@@ -6,6 +6,10 @@
 
 Outputs come back as numpy arrays (a dict or tuple when the model returns one). No torch
 import here: a client process stays light.
+
+A trainer pushes weights from memory with `update_weights` (through a memfd, or CUDA IPC
+handles for GPU tensors: `protocol/shared_state.py`), and reads from that version on
+with `infer(..., min_version=v)`.
 """
 
 from __future__ import annotations
@@ -29,8 +33,15 @@ from hotreload.protocol.framing import (
     read_frame_sync,
     send_frame,
 )
+from hotreload.protocol.shared_state import PackedState, pack_state
 from hotreload.protocol.tensors import BF16, bf16_to_float32, decode_tensors, encode_tensors
 from hotreload.protocol.text import BYTES
+from hotreload.protocol.weights_ops import (
+    update_weights_header,
+    version_reply,
+    wait_version_header,
+    weights_reply,
+)
 
 
 def _no_server(path: Path, exc: OSError) -> NoServerError:
@@ -70,9 +81,11 @@ def build_infer_header(
     inputs: Any,
     timeout_s: float | None,
     parameters: Mapping[str, Any] | None = None,
+    min_version: int | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """A request's header and blobs. A str or a list of str is one strings (BYTES) input;
-    a tuple/list of arrays, positional inputs; a dict, named inputs."""
+    a tuple/list of arrays, positional inputs; a dict, named inputs. `min_version`: served
+    by that version of the model or a later one (a trainer reading its own push)."""
     if isinstance(inputs, Mapping):
         form, named = "dict", dict(inputs)
     elif isinstance(inputs, (tuple, list)) and inputs and all(hasattr(v, "shape") for v in inputs):
@@ -85,7 +98,20 @@ def build_infer_header(
         header["timeout_s"] = timeout_s
     if parameters:
         header["parameters"] = dict(parameters)
+    if min_version is not None:
+        header["min_version"] = int(min_version)
     return header, blobs
+
+
+def _header_or_abandon(
+    model: str | None, packed: PackedState, strict: bool, timeout_s: float | None
+) -> dict[str, Any]:
+    """The request, or the state given back (never sent) when it cannot be made."""
+    try:
+        return update_weights_header(model, packed, strict, timeout_s)
+    except BaseException:
+        packed.abandon()
+        raise
 
 
 def raise_for_error(frame: Frame) -> None:
@@ -182,11 +208,20 @@ class Client:
                 self._all.remove(sock)
         self._local.sock = None
 
-    def call(self, header: dict[str, Any], blobs: list[Any] | None = None) -> Frame:
-        """Send one request frame and return the reply frame (errors raised as exceptions)."""
+    def call(
+        self,
+        header: dict[str, Any],
+        blobs: list[Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> Frame:
+        """Send one request frame and return the reply frame (errors raised as exceptions).
+        `timeout_s`: this request's own wait, in place of the client's (a long push)."""
         header["id"] = next(self._ids)
         sock = self._conn()
         try:
+            if timeout_s is not None:
+                sock.settimeout(timeout_s + 5.0)  # above the server's own deadline
             send_frame(sock, pack_frame(header, blobs or []))
             frame = read_frame_sync(sock, self.max_frame_bytes)
         except TimeoutError:
@@ -195,6 +230,9 @@ class Client:
         except (ConnectionError, OSError, ProtocolError) as exc:
             self._drop_conn()
             raise NoServerError(f"lost the connection to {self.socket_path}: {exc}") from None
+        finally:
+            if timeout_s is not None and getattr(self._local, "sock", None) is sock:
+                sock.settimeout(None if self.timeout_s is None else self.timeout_s + 5.0)
         if frame.header.get("id") not in (header["id"], None):
             self._drop_conn()
             raise ProtocolError("reply id does not match the request id")
@@ -211,15 +249,17 @@ class Client:
         timeout_s: float | None = None,
         parameters: Mapping[str, Any] | None = None,
         raw: bool = False,
+        min_version: int | None = None,
     ) -> InferResult:
         """Run `inputs` through `model`; returns (output, version, model).
 
         `parameters` (JSON values) reach the model as keyword arguments, e.g.
-        `{"max_new_tokens": 16}`; `raw` returns bfloat16 outputs as their uint16 bits."""
+        `{"max_new_tokens": 16}`; `raw` returns bfloat16 outputs as their uint16 bits;
+        `min_version`: answered by that version or a later one (see `update_weights`)."""
         # The server gets the client's own deadline: once this client gives up, the request
         # is dropped rather than computed for nobody.
         wait = timeout_s if timeout_s is not None else self.timeout_s
-        header, blobs = build_infer_header(model, _rows(inputs), wait, parameters)
+        header, blobs = build_infer_header(model, _rows(inputs), wait, parameters, min_version)
         return _unrow(inputs, decode_result(self.call(header, blobs), raw))
 
     def status(self) -> dict[str, Any]:
@@ -229,6 +269,35 @@ class Client:
         """Ask the session to reload `model` (all models when None); waits for the outcome."""
         header: dict[str, Any] = {"op": "reload", "model": model, "trigger": "command"}
         return self.call(header).header
+
+    def update_weights(
+        self,
+        model: str | None,
+        state: Mapping[str, Any],
+        *,
+        strict: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Make `state` (name -> torch tensor or numpy array) the weights of a new version
+        of `model`; returns `{"version": v, "digest": "sha256:..."}` once it serves.
+
+        The tensors do not cross the socket: CPU ones are written once into shared memory
+        the worker copies from, CUDA ones go by IPC handle (same machine, a GPU both see).
+        They may be changed or freed once this returns. `strict`: every parameter of the
+        model must be in `state`, and nothing else."""
+        packed = pack_state(state)
+        header = _header_or_abandon(model, packed, strict, timeout_s)
+        try:
+            return weights_reply(self.call(header, timeout_s=timeout_s))
+        finally:
+            packed.close()  # the worker holds its own reference to the memory by now
+
+    def wait_version(
+        self, model: str | None, version: int, *, timeout_s: float | None = None
+    ) -> int:
+        """Wait until `model` serves `version` or a later one; returns the version serving."""
+        header = wait_version_header(model, version, timeout_s)
+        return version_reply(self.call(header, timeout_s=timeout_s))
 
     def ping(self) -> bool:
         return bool(self.call({"op": "ping"}).header.get("ok"))
@@ -348,11 +417,38 @@ class AsyncClient:
         timeout_s: float | None = None,
         parameters: Mapping[str, Any] | None = None,
         raw: bool = False,
+        min_version: int | None = None,
     ) -> InferResult:
         """As `Client.infer`, awaited."""
-        header, blobs = build_infer_header(model, _rows(inputs), timeout_s, parameters)
+        header, blobs = build_infer_header(model, _rows(inputs), timeout_s, parameters, min_version)
         wait = None if timeout_s is None else timeout_s + 5.0
         return _unrow(inputs, decode_result(await self.call(header, blobs, wait), raw))
+
+    async def update_weights(
+        self,
+        model: str | None,
+        state: Mapping[str, Any],
+        *,
+        strict: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """As `Client.update_weights`, awaited. The packing (a pass over the bytes) runs on
+        a thread: the loop keeps serving meanwhile."""
+        packed = await asyncio.to_thread(pack_state, state)
+        header = _header_or_abandon(model, packed, strict, timeout_s)
+        try:
+            wait = None if timeout_s is None else timeout_s + 5.0
+            return weights_reply(await self.call(header, timeout_s=wait))
+        finally:
+            packed.close()
+
+    async def wait_version(
+        self, model: str | None, version: int, *, timeout_s: float | None = None
+    ) -> int:
+        """As `Client.wait_version`, awaited."""
+        header = wait_version_header(model, version, timeout_s)
+        wait = None if timeout_s is None else timeout_s + 5.0
+        return version_reply(await self.call(header, timeout_s=wait))
 
     async def status(self) -> dict[str, Any]:
         return (await self.call({"op": "status"})).header

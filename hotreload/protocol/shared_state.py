@@ -1,0 +1,454 @@
+"""A state dict handed to the worker through memory, not through the socket.
+
+`pack_state` writes the CPU tensors of a state (numpy arrays or torch tensors, duck-typed:
+no torch import) into one sealed memfd and describes CUDA tensors by torch's own IPC
+handles; the header of the `update_weights` request carries the `descriptor`, a plain
+JSON object, and no payload. The worker opens `/proc/<pid>/fd/<fd>` (its own reference to
+the same memory, alive after the client closes its fd) and copies each tensor once.
+
+Descriptor (JSON; `validate_descriptor` checks every field):
+
+    {"kind": "memfd" | "cuda_ipc" | "mixed",   # which `via`s occur ("memfd" when empty)
+     "path": "/proc/<pid>/fd/<fd>" | null,     # null when no tensor goes via the memfd
+     "memfd_name": "hotreload-state-<16 hex>" | null,
+     "size": <bytes of the memfd, 0 when none>,
+     "tensors": [
+       {"name", "dtype", "shape", "nbytes", "via": "memfd", "offset"},
+       {"name", "dtype", "shape", "nbytes", "via": "cuda_ipc", "device", "device_uuid",
+        "storage_offset", "stride", "handle": {...}}]}
+
+`dtype` is a wire name (`tensors.WIRE_DTYPES`: bool, uint8, int8..int64, float16/32/64,
+bfloat16); bytes are little-endian, C-contiguous, each memfd tensor at a 64-byte aligned
+`offset` (oneDNN takes another code path, with other rounding, for unaligned data).
+`handle` holds the fields of `storage._share_cuda_()` by name, bytes as base64:
+`handle`, `storage_size_bytes`, `storage_offset_bytes`, `ref_counter_handle`,
+`ref_counter_offset`, `event_handle`, `event_sync_required`; `storage_offset` and
+`stride` (elements) place the tensor in that storage, as torch's own IPC does.
+
+Why the random `memfd_name`: a path `/proc/<pid>/fd/<n>` names whatever the client has open
+as fd n *now*. After a client timed out and closed the memfd, n may be another file, even
+another pushed state; the worker checks that what it opened is the memfd of this request.
+Why the seals (shrink, grow, write): nothing can change or truncate the bytes while the
+worker reads them, so it reads a consistent state and can never fault on a shrunk mapping.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import math
+import os
+import re
+import secrets
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hotreload.protocol.tensors import BF16, MAX_RANK, WIRE_DTYPES
+
+#: Every memfd tensor starts on this boundary (framing.PAYLOAD_ALIGN's reason, too).
+ALIGN = 64
+MEMFD_PREFIX = "hotreload-state-"
+#: What a reader requires: no byte may change, and the file may neither shrink nor grow.
+REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+#: Wire dtypes a state may hold (all fixed-size ones; strings are no weights).
+STATE_DTYPES = tuple(WIRE_DTYPES)
+VIAS = ("memfd", "cuda_ipc")
+#: The `_share_cuda_()` tuple after its device, in order: name -> bytes field?
+HANDLE_FIELDS: dict[str, bool] = {
+    "handle": True,
+    "storage_size_bytes": False,
+    "storage_offset_bytes": False,
+    "ref_counter_handle": True,
+    "ref_counter_offset": False,
+    "event_handle": True,
+    "event_sync_required": False,
+}
+_PATH_RE = re.compile(r"/proc/([0-9]+)/fd/([0-9]+)")
+_NAME_RE = re.compile(re.escape(MEMFD_PREFIX) + r"[0-9a-f]{16}")
+#: One write(2) moves at most this much (Linux caps a call at 2 GiB - 4 KiB).
+_MAX_IO = 1 << 30
+
+
+@dataclass
+class PackedState:
+    """A packed state: its `descriptor` (for the request header) and the memfd behind it.
+    Close it once the reply came back: the worker holds its own reference by then."""
+
+    descriptor: dict[str, Any]
+    fd: int | None = None
+    #: The CUDA tensors described by IPC handles, alive until close (the worker maps them).
+    _keep: list[Any] = field(default_factory=list, repr=False)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        self._keep = []
+        if fd is not None:
+            os.close(fd)
+
+    def abandon(self) -> None:
+        """Close a state whose descriptor was never sent. Each CUDA IPC handle counts one
+        reader to come; none will, so the counts are given back here, or torch would keep
+        those blocks of the trainer's (in its "limbo") after the tensors are freed."""
+        keep, self._keep = self._keep, []
+        torch = _torch_of(keep[0]) if keep else None
+        for entry in self.descriptor["tensors"]:
+            ref = (entry.get("handle") or {}).get("ref_counter_handle")
+            if torch is None or entry.get("via") != "cuda_ipc" or ref is None:
+                continue
+            try:
+                torch.UntypedStorage._release_ipc_counter(
+                    base64.b64decode(ref),
+                    entry["handle"]["ref_counter_offset"],
+                    device=entry["device"],
+                )
+            except Exception:
+                pass  # best effort: at worst, the memory waits for the trainer's exit
+        self.close()
+
+    def __enter__(self) -> PackedState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def _torch_of(value: Any) -> Any:
+    """The torch module of a tensor, found without importing it (the tensor's own module,
+    else the torch already imported: a subclass may live in another package)."""
+    top = sys.modules.get(type(value).__module__.split(".")[0])
+    return top if hasattr(top, "UntypedStorage") else sys.modules["torch"]
+
+
+def _device_type(value: Any) -> str:
+    device = getattr(value, "device", None)
+    return str(getattr(device, "type", "cpu")) if device is not None else "cpu"
+
+
+def _is_torch(value: Any) -> bool:
+    return not isinstance(value, np.ndarray) and hasattr(value, "detach")
+
+
+def _wire_dtype(name: str, value: Any) -> str:
+    """The wire dtype name of a tensor or array; ValueError for one that cannot travel."""
+    if _is_torch(value):
+        dtype = str(value.dtype).removeprefix("torch.")
+        if _device_type(value) == "meta":
+            raise ValueError(f"tensor {name!r} is on the meta device: it has no data to push")
+    else:
+        dtype = np.asarray(value).dtype.name  # ml_dtypes' bfloat16 is named "bfloat16" too
+    if dtype not in WIRE_DTYPES:
+        raise ValueError(_dtype_message(name, dtype))
+    return dtype
+
+
+def _host_array(name: str, value: Any) -> np.ndarray:
+    """The bytes of a host tensor or array as a C-contiguous little-endian array: a view of
+    the caller's memory when it is one already (the write reads it directly), else a copy."""
+    dtype = _wire_dtype(name, value)
+    if _is_torch(value):
+        t = value.detach()
+        if _device_type(t) != "cpu":
+            t = t.cpu()  # another accelerator (mps, xpu), or CUDA with cuda_ipc=False
+        if dtype == BF16:
+            # numpy has no bfloat16: its bit pattern, reinterpreted as int16 (no rounding).
+            t = t.view(_torch_of(value).int16)
+        arr = t.numpy()
+    else:
+        arr = np.asarray(value)
+    if dtype == BF16:
+        return np.ascontiguousarray(arr if arr.dtype.kind in "iu" else arr.view(np.uint16))
+    return np.ascontiguousarray(arr, dtype=WIRE_DTYPES[dtype])
+
+
+def _shape(value: Any) -> list[int]:
+    return [int(d) for d in (value.shape if hasattr(value, "shape") else np.shape(value))]
+
+
+def _dtype_message(name: str, dtype: str) -> str:
+    return (
+        f"tensor {name!r} has dtype {dtype}, which cannot be pushed; "
+        f"use one of {', '.join(STATE_DTYPES)}"
+    )
+
+
+def _b64(value: Any) -> str | None:
+    return None if value is None else base64.b64encode(bytes(value)).decode("ascii")
+
+
+def _device_uuid(tensor: Any, index: int) -> str | None:
+    """The GPU's UUID, so a worker with other CUDA_VISIBLE_DEVICES finds the same device."""
+    try:
+        return str(_torch_of(tensor).cuda.get_device_properties(index).uuid)
+    except Exception:
+        return None
+
+
+def _cuda_entry(name: str, tensor: Any) -> dict[str, Any]:
+    dtype = _wire_dtype(name, tensor)
+    t = tensor.detach()
+    share = t.untyped_storage()._share_cuda_()
+    device = int(share[0])
+    handle = {
+        key: (_b64(v) if is_bytes else v)
+        for (key, is_bytes), v in zip(HANDLE_FIELDS.items(), share[1:], strict=True)
+    }
+    shape = [int(d) for d in t.shape]
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": shape,
+        "nbytes": math.prod(shape) * WIRE_DTYPES[dtype].itemsize,
+        "via": "cuda_ipc",
+        "device": device,
+        "device_uuid": _device_uuid(tensor, device),
+        "storage_offset": int(t.storage_offset()),
+        "stride": [int(s) for s in t.stride()],
+        "handle": handle,
+    }
+
+
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done : done + _MAX_IO], offset + done)
+
+
+def pack_state(state: Mapping[str, Any], *, cuda_ipc: bool = True) -> PackedState:
+    """Pack `state` (name -> torch tensor or numpy array) for an `update_weights` request.
+
+    Host tensors are written once, straight from their memory (a copy first only for a
+    non-contiguous one), into one memfd that is then sealed; CUDA tensors are described
+    by IPC handles (`cuda_ipc=False`: copied to the host into the memfd instead, for a
+    worker that cannot map the trainer's device)."""
+    # Every name and dtype is checked before anything is shared: an IPC handle taken for
+    # a request that is never sent holds the trainer's memory until it is given back.
+    for name, value in state.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"state keys must be non-empty strings, got {name!r}")
+        _wire_dtype(name, value)
+    entries: list[dict[str, Any]] = []
+    descriptor = {"kind": "memfd", "path": None, "memfd_name": None, "size": 0}
+    packed = PackedState(descriptor | {"tensors": entries})
+    try:
+        host = _describe(state, cuda_ipc, packed)
+        if host:
+            _write_memfd(packed, host)
+    except BaseException:
+        packed.abandon()
+        raise
+    vias = {e["via"] for e in entries}
+    packed.descriptor["kind"] = "mixed" if len(vias) == 2 else (vias.pop() if vias else "memfd")
+    return packed
+
+
+def _describe(
+    state: Mapping[str, Any], cuda_ipc: bool, packed: PackedState
+) -> list[tuple[dict[str, Any], Any]]:
+    """Fill in the descriptor's entries (sharing the CUDA tensors); returns the entries
+    to write into the memfd, with their values."""
+    entries = packed.descriptor["tensors"]
+    host: list[tuple[dict[str, Any], Any]] = []
+    cursor = 0
+    for name, value in state.items():
+        if _device_type(value) == "cuda" and cuda_ipc:
+            entries.append(_cuda_entry(name, value))
+            packed._keep.append(value)
+            continue
+        offset = -(-cursor // ALIGN) * ALIGN
+        # The array (and any copy) is made at write time, so one copy lives at a time.
+        dtype, shape = _wire_dtype(name, value), _shape(value)
+        nbytes = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
+        entry = {"name": name, "dtype": dtype, "shape": shape, "nbytes": nbytes}
+        entry |= {"via": "memfd", "offset": offset}
+        entries.append(entry)
+        host.append((entry, value))
+        cursor = offset + nbytes
+    packed.descriptor["size"] = cursor
+    return host
+
+
+def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) -> None:
+    memfd_name = MEMFD_PREFIX + secrets.token_hex(8)
+    fd = os.memfd_create(memfd_name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    packed.fd = fd
+    os.ftruncate(fd, packed.descriptor["size"])
+    for entry, value in host:
+        arr = _host_array(entry["name"], value)
+        if arr.nbytes:
+            _write_all(fd, memoryview(arr.reshape(-1).view(np.uint8)), entry["offset"])
+        del arr  # a non-contiguous tensor's copy lives one tensor long
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
+    packed.descriptor["path"] = f"/proc/{os.getpid()}/fd/{fd}"
+    packed.descriptor["memfd_name"] = memfd_name
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _nonneg(value: Any) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _b64_ok(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        base64.b64decode(value, validate=True)
+    except ValueError:
+        return False
+    return True
+
+
+def memfd_pid(descriptor: Mapping[str, Any]) -> int | None:
+    """The pid in a (validated) descriptor's path: the process whose memfd it is."""
+    m = _PATH_RE.fullmatch(str(descriptor.get("path") or ""))
+    return int(m.group(1)) if m else None
+
+
+def validate_descriptor(d: Any, *, peer_pid: int | None = None) -> None:
+    """Raise ValueError, naming the field and what is wrong with it, unless `d` is a
+    well-formed descriptor. `peer_pid` (the client's pid, SO_PEERCRED): the memfd must be
+    that process's own, so one client cannot make the worker read another's memory."""
+    if not isinstance(d, dict):
+        raise ValueError(f"the state descriptor must be an object, got {type(d).__name__}")
+    tensors = d.get("tensors")
+    if not isinstance(tensors, list):
+        raise ValueError("state.tensors must be a list of tensor entries")
+    size = d.get("size")
+    if not _nonneg(size):
+        raise ValueError(f"state.size must be a byte count (an integer >= 0), got {size!r}")
+    names: set[str] = set()
+    vias: set[str] = set()
+    for i, t in enumerate(tensors):
+        vias.add(_check_entry(i, t, size, names))
+    _check_memfd_fields(d, "memfd" in vias, peer_pid)
+    kind = d.get("kind")
+    want = "mixed" if len(vias) == 2 else (next(iter(vias)) if vias else "memfd")
+    if kind != want:
+        raise ValueError(
+            f"state.kind is {kind!r} but its tensors go via {sorted(vias) or 'nothing'}; "
+            f"it must be {want!r}"
+        )
+
+
+def _check_memfd_fields(d: Mapping[str, Any], used: bool, peer_pid: int | None) -> None:
+    path, memfd_name = d.get("path"), d.get("memfd_name")
+    if not used:
+        if path is not None or memfd_name is not None or d.get("size"):
+            raise ValueError(
+                "state.path, state.memfd_name and state.size belong to memfd tensors; "
+                "with none, they must be null, null and 0"
+            )
+        return
+    m = _PATH_RE.fullmatch(path) if isinstance(path, str) else None
+    if m is None:
+        raise ValueError(f"state.path must be '/proc/<pid>/fd/<fd>', got {path!r}")
+    if peer_pid is not None and int(m.group(1)) != peer_pid:
+        raise ValueError(
+            f"state.path {path} is a file of process {m.group(1)}, not of the client "
+            f"(pid {peer_pid}); a client may push its own memory only"
+        )
+    if not isinstance(memfd_name, str) or _NAME_RE.fullmatch(memfd_name) is None:
+        raise ValueError(
+            f"state.memfd_name must be '{MEMFD_PREFIX}' and 16 hex digits, got {memfd_name!r}"
+        )
+
+
+def _check_entry(i: int, t: Any, size: int, names: set[str]) -> str:
+    if not isinstance(t, dict):
+        raise ValueError(f"state.tensors[{i}] must be an object")
+    name = t.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"state.tensors[{i}].name must be a non-empty string, got {name!r}")
+    where = f"state tensor {name!r}"
+    if name in names:
+        raise ValueError(f"{where} appears twice; names must be unique")
+    names.add(name)
+    dtype, shape, nbytes, via = (t.get(k) for k in ("dtype", "shape", "nbytes", "via"))
+    if not isinstance(dtype, str) or dtype not in WIRE_DTYPES:
+        raise ValueError(f"{where}: unknown dtype {dtype!r}; use one of {', '.join(STATE_DTYPES)}")
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(map(_nonneg, shape)):
+        raise ValueError(f"{where}: shape must be a list of sizes >= 0, got {shape!r}")
+    expected = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
+    if not _is_int(nbytes) or nbytes != expected:
+        raise ValueError(
+            f"{where}: nbytes {nbytes!r} does not match dtype {dtype} and shape {shape} "
+            f"({expected} bytes)"
+        )
+    if via == "memfd":
+        offset = t.get("offset")
+        if not _nonneg(offset) or offset % ALIGN:
+            raise ValueError(
+                f"{where}: offset must be a multiple of {ALIGN} (>= 0), got {offset!r}"
+            )
+        if offset + nbytes > size:
+            raise ValueError(
+                f"{where}: bytes {offset}..{offset + nbytes} run past the end of the "
+                f"memfd ({size} bytes)"
+            )
+    elif via == "cuda_ipc":
+        _check_cuda_entry(where, t, shape, WIRE_DTYPES[dtype].itemsize)
+    else:
+        raise ValueError(f"{where}: via must be one of {', '.join(VIAS)}, got {via!r}")
+    return via
+
+
+def _check_cuda_entry(where: str, t: Mapping[str, Any], shape: list[int], itemsize: int) -> None:
+    device, uuid, offset, stride, handle = (
+        t.get(k) for k in ("device", "device_uuid", "storage_offset", "stride", "handle")
+    )
+    if not _nonneg(device):
+        raise ValueError(f"{where}: device must be a CUDA device index (>= 0), got {device!r}")
+    if uuid is not None and not isinstance(uuid, str):
+        raise ValueError(f"{where}: device_uuid must be a string or null, got {uuid!r}")
+    if not _nonneg(offset):
+        raise ValueError(f"{where}: storage_offset must be an integer >= 0, got {offset!r}")
+    if not isinstance(stride, list) or len(stride) != len(shape) or not all(map(_nonneg, stride)):
+        raise ValueError(
+            f"{where}: stride must be {len(shape)} integers >= 0 (one per dim), got {stride!r}"
+        )
+    if not isinstance(handle, dict):
+        raise ValueError(f"{where}: handle must be an object of _share_cuda_() fields")
+    for key, is_bytes in HANDLE_FIELDS.items():
+        v = handle.get(key)
+        if v is None:
+            continue  # an empty storage shares no memory: torch gives None for these
+        if is_bytes:
+            ok, kind = _b64_ok(v), "base64 text"
+        elif key == "event_sync_required":
+            ok, kind = isinstance(v, bool), "true or false"
+        else:
+            ok, kind = _nonneg(v), "an integer >= 0"
+        if not ok:
+            raise ValueError(f"{where}: handle.{key} must be {kind} or null, got {v!r}")
+    if math.prod(shape) == 0:
+        return
+    for key in ("handle", "storage_size_bytes", "ref_counter_handle", "event_handle"):
+        if handle.get(key) is None:
+            raise ValueError(f"{where}: handle.{key} is null, but the tensor has elements")
+    # The last element the view reaches must lie inside the shared storage: a wrong
+    # stride would otherwise read the trainer's neighbouring memory.
+    end = (offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1) * itemsize
+    if end > handle["storage_size_bytes"]:
+        raise ValueError(
+            f"{where}: shape {shape}, stride {stride} and storage_offset {offset} reach "
+            f"byte {end}, past the shared storage ({handle['storage_size_bytes']} bytes)"
+        )
