@@ -2,7 +2,7 @@
 
     from hotreload import Client
     client = Client(config="hotreload.toml")
-    out, version = client.infer("mlp", x)       # x: numpy array, torch tensor, tuple or dict
+    out, version, model = client.infer("mlp", x)  # x: numpy array, torch tensor, tuple, dict
 
 Outputs come back as numpy arrays (a dict or tuple when the model returns one). No torch
 import here: a client process stays light.
@@ -56,12 +56,29 @@ def _no_server(path: Path, exc: OSError) -> NoServerError:
     )
 
 
-class InferResult(NamedTuple):
-    """What `infer` returns: unpack as `output, version = client.infer(...)`."""
-
+class _Answer(NamedTuple):
     output: Any
     version: int
     model: str
+
+
+class InferResult(_Answer):
+    """What `infer` returns: unpack as `output, version, model = client.infer(...)`, and
+    `.digest`, the content digest of the weights that computed it (the one
+    `update_weights` and `hotreload status` report; None for a model without weights)."""
+
+    digest: str | None
+
+    def __new__(
+        cls, output: Any, version: int, model: str, digest: str | None = None
+    ) -> InferResult:
+        self = super().__new__(cls, output, version, model)
+        self.digest = digest  # an attribute, not a fourth field: 3-way unpacking holds
+        return self
+
+    def _replace(self, **changes: Any) -> InferResult:
+        fields = {**self._asdict(), "digest": self.digest, **changes}
+        return InferResult(**fields)
 
 
 def resolve_socket(
@@ -147,7 +164,7 @@ def decode_result(frame: Frame, raw: bool = False) -> InferResult:
         output = tuple(arrays.values())
     else:
         output = arrays
-    return InferResult(output, int(h.get("version") or 0), h.get("model", ""))
+    return InferResult(output, int(h.get("version") or 0), h.get("model", ""), h.get("digest"))
 
 
 def _rows(inputs: Any) -> Any:

@@ -59,6 +59,8 @@ class Request:
     finished: bool = False
     #: Per-request parameters (KServe `parameters`), passed to the model as keywords.
     parameters: dict[str, Any] | None = None
+    #: Answered by this version or a later one (`Client.infer(min_version=)`).
+    min_version: int = 0
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -98,6 +100,12 @@ class ModelRouter:
         self.unavailable_reason: str | None = None
         #: Set at a hand-over until its timer: the new worker waits for the old one.
         self._holding = False
+        #: The version serving now and its weights' digest (set by the supervisor).
+        self.version = 0
+        self.digest: str | None = None
+        #: Requests asking for a version not serving yet (`min_version`), oldest first.
+        self._parked: list[Request] = []
+        self._version_waiters: list[tuple[int, asyncio.Future[int]]] = []
 
     # ------------------------------------------------------------------ figures
 
@@ -136,6 +144,7 @@ class ModelRouter:
             "queue_peak": self.take_peak_depth(),
             "queue_limit": self.max_queue_size,
             "inflight": self.inflight,
+            "waiting_for_version": len(self._parked),
             "gate_open": self._gate_open,
             "requests": self.counters.as_dict(),
             "latency": self.latency.summary(),
@@ -204,6 +213,13 @@ class ModelRouter:
         now = loop.time()
         req = Request(metas, payload, done, now, now + timeout, parameters=parameters or None)
         req.timer = loop.call_at(req.deadline, self._expire, req, timeout)
+        min_version = header.get("min_version")
+        if isinstance(min_version, int) and min_version > self.version:
+            # A trainer asking for the answer of its own push: it waits for that version
+            # (to its timeout) instead of being answered by the one before.
+            req.min_version = min_version
+            self._parked.append(req)
+            return
         self._queue.append(req)
         self._peak_depth = max(self._peak_depth, len(self._queue))
         self.pump()
@@ -213,6 +229,16 @@ class ModelRouter:
             return
         req.expired = True
         self.counters.timed_out += 1
+        if req in self._parked:
+            self._parked.remove(req)
+            req.finish(
+                None,
+                RequestTimeoutError(
+                    f"model {self.name!r}: version {req.min_version} (min_version) did not "
+                    f"serve within {timeout:.3g} s; v{self.version} serves"
+                ),
+            )
+            return
         inside = req in self._inflight or req in self._draining
         if not inside:
             try:
@@ -313,6 +339,35 @@ class ModelRouter:
 
     # ------------------------------------------------------------------ reload support
 
+    def serving_version(self, version: int, digest: str | None) -> None:
+        """`version` serves from now on: release what waited for it."""
+        self.version, self.digest = version, digest
+        for n, fut in self._version_waiters:
+            if n <= version and not fut.done():
+                fut.set_result(version)
+        ready = [r for r in self._parked if r.min_version <= version]
+        self._parked = [r for r in self._parked if r.min_version > version]
+        self._queue.extend(r for r in ready if not r.finished)
+        self.pump()
+
+    async def wait_version(self, version: int, timeout_s: float) -> int:
+        """The serving version once it is `version` or later; RequestTimeoutError when
+        `timeout_s` passes first."""
+        if self.version >= version:
+            return self.version
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (version, fut)
+        self._version_waiters.append(entry)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"model {self.name!r}: version {version} did not serve within "
+                f"{timeout_s:.3g} s; v{self.version} serves"
+            ) from None
+        finally:
+            self._version_waiters.remove(entry)
+
     def refuse_until_reload(self, why: str) -> None:
         """Answer this model's requests at once with `why` (the other models keep serving)
         until a reload brings it up (`open_gate` ends it)."""
@@ -358,6 +413,8 @@ class ModelRouter:
     def fail_queued(self, error: ClientError) -> int:
         """Fail every queued request (shutdown, or a model that cannot be brought back)."""
         n = 0
+        parked, self._parked = self._parked, []
+        self._queue.extend(parked)
         while self._queue:
             req = self._queue.popleft()
             if not req.finished:

@@ -85,7 +85,13 @@ class Session:
         self.socket_path = socket_path_for(config.path, config.socket_dir)
         self.endpoint = Endpoint(
             self.socket_path,
-            {"status": self._op_status, "ping": self._op_ping, "reload": self._op_reload},
+            {
+                "status": self._op_status,
+                "ping": self._op_ping,
+                "reload": self._op_reload,
+                "update_weights": self._op_update_weights,
+                "wait_version": self._op_wait_version,
+            },
             config.max_frame_bytes,
             fast_handlers={"infer": self._op_infer},
         )
@@ -361,6 +367,27 @@ class Session:
             outcomes = [await self.reload_model(name, trigger=trigger)]
         return {"ok": True, "outcomes": [o.as_dict() for o in outcomes]}, []
 
+    async def _op_update_weights(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """A trainer's push (`Client.update_weights`): the next version, with its digest."""
+        sup = self.model(header.get("model"))
+        state = header.get("state")
+        if state is None:
+            raise BadRequestError("update_weights needs 'state': the pushed state's descriptor")
+        result = await sup.push(state, strict=bool(header.get("strict", True)))
+        return {"ok": True, "model": sup.name, **result}, []
+
+    async def _op_wait_version(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        sup = self.model(header.get("model"))
+        if "version" not in header:
+            raise BadRequestError("wait_version needs 'version': the version to wait for")
+        timeout = header.get("timeout_s") or sup.model.request_timeout_s
+        version = await sup.wait_version(int(header["version"]), float(timeout))
+        return {"ok": True, "model": sup.name, "version": version}, []
+
     # ------------------------------------------------------------------ client ops
 
     def _op_infer(self, header: dict[str, Any], payload: memoryview | bytes, reply: Reply) -> None:
@@ -375,6 +402,7 @@ class Session:
                 "ok": True,
                 "model": host.name,
                 "version": h.get("version"),
+                "digest": h.get("digest"),
                 "form": h.get("form"),
                 "tensors": h.get("tensors", []),
                 "compute_ms": h.get("compute_ms"),

@@ -26,6 +26,10 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "paused": ((bool,), "true or false"),
     "index": ((int,), "a GPU index (an integer >= 0)"),
     "parameters": ((dict, type(None)), "an object of name -> value, or null"),
+    "min_version": ((int, type(None)), "a version number (an integer) or null"),
+    "version": ((int,), "a version number (an integer)"),
+    "strict": ((bool,), "true or false"),
+    "state": ((dict,), "a shared-memory state descriptor (an object)"),
 }
 
 

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,9 @@ from hotreload.worker.signatures import (
     normalise_output,
     output_signature,
 )
-from hotreload.worker.weights import load_weights, torchscript_factory
+from hotreload.worker.weight_sources import PlacedWeights, place_weights
+from hotreload.worker.weights import torchscript_factory
+from hotreload.worker.weights_digest import state_digest
 
 
 @dataclass
@@ -63,6 +65,10 @@ class ModelVersion:
     #: Things to say once about this version (outputs left out of replies, how it was built).
     notes: list[str] = field(default_factory=list)
     build_notes: list[str] = field(default_factory=list)
+    #: Where its weights came from (files, the version before it, pushes).
+    weights: PlacedWeights = field(default_factory=PlacedWeights)
+    #: Content digest of its weights (weights_digest.py; None: not a torch module).
+    digest: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -249,9 +255,14 @@ def build_version(
     version: int,
     device: torch.device,
     step_done: Callable[[], None] = no_pause,
+    *,
+    current: ModelVersion | None = None,
+    overlays: Sequence[Mapping[str, Any]] = (),
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
-    `step_done` runs between those steps (a `Pacer` yields the CPU to serving there)."""
+    `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
+    `current`: the serving version, whose weight tensors the build shares when the files
+    are unchanged; `overlays`: pushed weights on top (weight_sources.py)."""
     root = Path(spec["root"])
     started = time.perf_counter()
     before = allocated_bytes(device)
@@ -263,7 +274,7 @@ def build_version(
         step_done()
         files = spec.get("weights") or []
         build_notes: list[str] = []
-        if files and not spec["entry"].get("torchscript"):
+        if (files or current is not None or overlays) and not spec["entry"].get("torchscript"):
             # Every parameter comes from the files: no random initialization to overwrite.
             model = build_without_init(factory, build_notes.append)
         else:
@@ -274,10 +285,16 @@ def build_version(
                 f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
-        load_weights(
-            model, files, spec.get("weights_prefix"), root=str(root), assign=True, device=device
+        placed = place_weights(
+            model,
+            files,
+            spec.get("weights_prefix"),
+            root=str(root),
+            device=device,
+            current=current,
+            overlays=overlays,
+            step_done=step_done,
         )
-        step_done()
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
         try:
@@ -302,7 +319,17 @@ def build_version(
         input_signature=signature_in,
         parameters=accepted_parameters(model),
         build_notes=build_notes,
+        weights=placed,
     )
+    if (
+        current is not None
+        and placed.reused
+        and placed.overlay_ids == current.weights.overlay_ids
+        and placed.keys == current.weights.keys
+    ):
+        mv.digest = current.digest  # the very tensors the serving version has
+    elif isinstance(model, torch.nn.Module):
+        mv.digest = state_digest(model.state_dict())
     mv.load_s = time.perf_counter() - started
     mv.footprint_bytes = max(0, allocated_bytes(device) - before)
     return mv

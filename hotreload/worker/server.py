@@ -20,7 +20,6 @@ import numpy as np
 import psutil
 import torch
 
-from hotreload import runtime
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
@@ -32,6 +31,7 @@ from hotreload.worker.pacing import Pacer, no_pause
 from hotreload.worker.placement import BuildPlacement
 from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
 from hotreload.worker.signatures import normalise_output
+from hotreload.worker.status_report import worker_status
 from hotreload.worker.weights import example_digest
 
 _STOP = object()
@@ -154,6 +154,7 @@ class Worker:
                 "id": h["id"],
                 "ok": True,
                 "version": mv.version,
+                "digest": mv.digest,
                 "form": form,
                 "tensors": metas,
                 "compute_ms": compute_ms,
@@ -184,7 +185,17 @@ class Worker:
         self.state = "loading" if self.current is None else self.state
         rss_before = self.process.memory_info().rss
         pacer = self._pacer(h)
-        mv = loader.build_version(self.spec, version, self.device, pacer.step_done)
+        # The files unchanged since the serving version read them (the manager compares):
+        # share its tensors rather than read them again. Pushes since go on top.
+        reuse = self.current if h.get("reuse") and self.current is not None else None
+        mv = loader.build_version(
+            self.spec,
+            version,
+            self.device,
+            pacer.step_done,
+            current=reuse,
+            overlays=h.get("overlays") or (),
+        )
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
@@ -199,6 +210,9 @@ class Worker:
                 "inputs": mv.input_signature,
                 "input_form": mv.example_form,
                 "paused_s": pacer.paused_s,
+                "digest": mv.digest,
+                "reused": mv.weights.reused,
+                "not_reused": mv.weights.not_reused if reuse is not None else None,
             }
         )
 
@@ -382,37 +396,7 @@ class Worker:
         self.send({"id": frame.header["id"], "ok": True, **self.status()})
 
     def status(self) -> dict[str, Any]:
-        mem = self.process.memory_info()
-        s: dict[str, Any] = {
-            "state": self.state,
-            "pid": os.getpid(),
-            "device": str(self.device),
-            "version": self.current.version if self.current else None,
-            "current": self.current.describe() if self.current else None,
-            "staged": self.staged.version if self.staged else None,
-            "rss_bytes": mem.rss,
-            "served": self.served,
-            "failed": self.failed,
-            "skipped": self.skipped,
-            "busy_for_s": None if self.busy_since is None else time.monotonic() - self.busy_since,
-            "torch": torch.__version__,
-            "threads": {
-                "intra_op": torch.get_num_threads(),
-                "inter_op": torch.get_num_interop_threads(),
-            },
-            "streams": [
-                s.name for s in runtime.streams_for(self.current.version if self.current else None)
-            ],
-        }
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            s["device_memory"] = {"free_bytes": int(free), "total_bytes": int(total)}
-            s["allocator"] = {
-                "allocated_bytes": int(torch.cuda.memory_allocated(self.device)),
-                "reserved_bytes": int(torch.cuda.memory_reserved(self.device)),
-                "peak_bytes": int(torch.cuda.max_memory_allocated(self.device)),
-            }
-        return s
+        return worker_status(self)
 
     # ------------------------------------------------------------------ main loop
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from hotreload.engine.events import EventBus
     from hotreload.engine.ignore import IgnoreRules
     from hotreload.engine.model.jobs import Job, ReloadJob, ReloadOutcome
+    from hotreload.engine.model.pushes import Overlay, WeightsPlan
     from hotreload.engine.model.record import ModelRecord, VersionInfo
     from hotreload.engine.model.workers import WorkerFactory
     from hotreload.engine.router import ModelRouter
@@ -62,6 +63,8 @@ class Supervisor(Protocol):
     record: ModelRecord
     workers: WorkerFactory
     strategy: Strategy
+    #: Builds pushes in the serving worker, whatever the strategy.
+    inplace: Strategy
     ignore: IgnoreRules
     snapshot_dir: Path | None
     override_warned: bool
@@ -115,3 +118,6 @@ class Supervisor(Protocol):
     def adopt(self, worker: WorkerProcess) -> None: ...
     def note(self, notes: list[str] | None) -> None: ...
     def warn_weights_override(self, job: ReloadJob, info: VersionInfo) -> None: ...
+    def weights_plan(
+        self, worker: WorkerProcess, mode: str, push: Overlay | None = None
+    ) -> WeightsPlan: ...

@@ -37,8 +37,9 @@ class InPlace:
         assert worker is not None
         version = sup.record.next_version
         fields = {
-            "code": code_paths(sup.model, sup.config.root),
-            "reimport": not job.weights_only,
+            # A push runs the serving code again: nothing to re-import or point at.
+            "code": None if job.push else code_paths(sup.model, sup.config.root),
+            "reimport": not job.weights_only and job.push is None,
         }
         if policy == "availability":
             try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from hotreload.engine.model.pushes import Overlay
     from hotreload.engine.worker_proc import WorkerProcess
 
 
@@ -89,6 +90,9 @@ class ReloadJob(Job):
     detail: list[str] = field(default_factory=list)
     #: Only weights files changed: the code need not be imported again.
     weights_only: bool = False
+    #: A trainer's push (pushes.py): the serving code with these weights on top. Pushes
+    #: never merge: each one is a version of its own, answered with its own digest.
+    push: Overlay | None = None
 
     def merge(self, trigger: str, detail: list[str], weights_only: bool) -> None:
         if trigger not in self.trigger.split("+"):
@@ -130,7 +134,12 @@ class JobQueue:
     def add(self, job: Job) -> Job:
         """Queue `job`, or return the queued job that already covers it."""
         for queued in self._jobs:
-            if isinstance(job, ReloadJob) and isinstance(queued, ReloadJob):
+            if (
+                isinstance(job, ReloadJob)
+                and isinstance(queued, ReloadJob)
+                and job.push is None
+                and queued.push is None
+            ):
                 queued.merge(job.trigger, job.detail, job.weights_only)
                 return queued
             if (

@@ -106,11 +106,15 @@ async def build(
     """load -> warm -> smoke of `version` on `worker`, as its staged version.
 
     `mode` is "start" (the model's first worker: states loading, warming), "restart" (the
-    state stays "restarting"), "cold" (a reload with no worker serving) or "reload".
+    state stays "restarting"), "cold" (a reload with no worker serving) or "reload". The
+    weights are the files' with the pushes since laid over them (`sup.weights_plan`), and
+    a `job.push` on top.
     """
     sup = runner.sup
     d = sup.model.deadlines
     info = VersionInfo(version=version)
+    plan = sup.weights_plan(worker, mode, job.push if job is not None else None)
+    info.weights_stat, info.overlays = plan.stat, plan.overlays
     current = sup.record.current
     previous = current.outputs if current is not None and mode != "restart" else None
 
@@ -124,13 +128,20 @@ async def build(
         return {"serving_elsewhere": worker is not serving and live and router.inflight > 0}
 
     async def load() -> dict[str, Any]:
-        fields: dict[str, Any] = {"reimport": reimport}
+        fields: dict[str, Any] = {"reimport": reimport, **plan.wire()}
         if code is not None:
             fields["code"] = code
         r = await worker.request(WorkerOp.LOAD, None, version=version, **fields, **pace())
         info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
         info.inputs, info.input_form = r["inputs"], r["input_form"]
+        info.digest = r.get("digest")
         what = f"{r.get('reimported', 0)} module(s) re-imported" if reimport else "weights only"
+        if r.get("reused"):
+            what += f", {r['reused']} weight tensor(s) shared with the serving version"
+        elif r.get("not_reused"):
+            what += f", weights read from the files ({r['not_reused']})"
+        if plan.push is not None:
+            what += f", {len(plan.push.names)} tensor(s) pushed"
         detail = f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"
         return {"detail": detail}
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hotreload.engine.model.jobs import ReloadOutcome
+    from hotreload.engine.model.pushes import Overlay
     from hotreload.engine.snapshots import Snapshot
     from hotreload.engine.worker_proc import WorkerProcess
 
@@ -46,6 +47,12 @@ class VersionInfo:
     footprint_bytes: int = 0
     #: Digest of the example's output, when weights are declared (worker/weights.py).
     output_digest: str | None = None
+    #: Content digest of its weights (worker/weights_digest.py): equal weights, equal
+    #: digest, whether they came from a file or a push. None: not a torch module.
+    digest: str | None = None
+    #: The weights files as this version found them, and the pushes it holds.
+    weights_stat: tuple[Any, ...] | None = None
+    overlays: list[Overlay] = field(default_factory=list)
 
 
 @dataclass
@@ -74,6 +81,12 @@ class ModelRecord:
     good_snapshot: Snapshot | None = None
     #: Every reload's outcome, oldest first.
     history: list[ReloadOutcome] = field(default_factory=list)
+    #: Weights pushed since the weights files last changed, oldest first: every build lays
+    #: them over the files' (pushes.py), so a restart serves the same weights.
+    overlays: list[Overlay] = field(default_factory=list)
+    #: The weights files as the serving version found them (inode, size, times): unchanged
+    #: files let a build share the serving version's tensors instead of reading them.
+    weights_stat: tuple[Any, ...] | None = None
     started_at: float = field(default_factory=time.time)
 
     @property

@@ -37,7 +37,8 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
                 outcome.version = sup.version
                 if outcome.phase is None:
                     outcome.ok = True
-                    await snapshot_keeper.promote(sup, candidate)
+                    if job.push is None:  # a push changes no file: the snapshot holds
+                        await snapshot_keeper.promote(sup, candidate)
                 if recovery.worker_lost(sup):
                     # It died during a phase (a crash in the user's code, the OOM killer):
                     # bring the last good version back now, in this job.
@@ -50,6 +51,8 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
         # A bug of ours, not the user's: say so with the traceback, keep reloading.
         outcome = sup.not_run(job.trigger, job.detail, f"internal error during the reload: {exc!r}")
         outcome.traceback = traceback.format_exc()
+    if job.push is not None and job.push not in sup.record.overlays:
+        job.push.close()  # it never served: its memory goes back
     outcome.total_s = time.monotonic() - started
     sup.note_error(outcome.error if not outcome.ok else None)
     sup.add_history(outcome)
@@ -81,6 +84,17 @@ async def _run_locked(sup: Supervisor, job: ReloadJob, outcome: ReloadOutcome) -
         sup.events.emit("policy", model=sup.name, policy=outcome.policy, reason=reason)
     candidate: Snapshot | None = None
     try:
+        if job.push is not None:
+            if cold:
+                raise PhaseFailed(
+                    "load",
+                    f"model {sup.name!r} is {rec.state}: no version serves to push weights "
+                    "onto; fix the model and reload it first",
+                )
+            # The serving worker builds it, whatever the strategy: the code is the one
+            # serving, and only the pushed tensors are new memory.
+            await sup.inplace.reload(runner, job, "availability")
+            return None
         await wait_for_checkpoints(sup, runner)
         candidate = await snapshot_keeper.candidate(sup, rec.next_version)
         if cold:

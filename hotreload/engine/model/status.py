@@ -60,6 +60,9 @@ async def model_status(sup: Supervisor, worker_max_age_s: float = 0.0) -> dict[s
         "warm_s": current.warm_s if current else None,
         "warm_passes_ms": current.warm_passes_ms if current else [],
         "outputs": current.outputs if current else [],
+        # The serving weights' content digest, and the pushes laid over the files' weights.
+        "digest": current.digest if current else None,
+        "pushes": len(current.overlays) if current else 0,
         "inputs": sup.router.input_signature,
         "input_form": sup.router.input_form,
         **sup.router.snapshot(),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,19 +31,18 @@ from hotreload.config import Config, ModelConfig
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import phases, recovery, reload_job, snapshot_keeper
+from hotreload.engine.model import lifecycle, pushes, recovery, reload_job
 from hotreload.engine.model.inplace import InPlace
 from hotreload.engine.model.jobs import (
     Job,
     JobQueue,
-    PhaseFailed,
     ReloadJob,
     ReloadOutcome,
     RestartJob,
     StartJob,
     UnloadJob,
 )
-from hotreload.engine.model.phases import PhaseRunner
+from hotreload.engine.model.pushes import Overlay, WeightsPlan, plan_weights
 from hotreload.engine.model.record import ModelRecord, VersionInfo
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.status import WorkerFigures, model_status
@@ -53,7 +51,7 @@ from hotreload.engine.router import ModelRouter
 from hotreload.engine.signature import describe_dynamic
 from hotreload.engine.snapshots import Snapshot
 from hotreload.engine.worker_proc import WorkerProcess
-from hotreload.errors import WorkerUnavailableError
+from hotreload.errors import ReloadFailedError, WorkerUnavailableError
 
 
 class ModelSupervisor:
@@ -83,9 +81,12 @@ class ModelSupervisor:
         self.record = ModelRecord()
         self.workers = workers or WorkerFactory(model, config)
         self.workers.on_pin_failed = self._pin_failed
+        #: Pushed weights build in the serving worker whatever the strategy.
+        self.inplace = InPlace(self)
         self.strategy: InPlace | Respawn = (
-            Respawn(self) if model.strategy == "respawn" else InPlace(self)
+            Respawn(self) if model.strategy == "respawn" else self.inplace
         )
+        self._pushes = 0
         #: Called after a wedged worker was killed, before its replacement starts (the
         #: session's GPU reset, where `[gpu] reset` allows one).
         self.escalate: Callable[[ModelSupervisor], Awaitable[None]] | None = None
@@ -155,7 +156,12 @@ class ModelSupervisor:
         await asyncio.shield(self.submit(StartJob()).future)
 
     async def reload(
-        self, trigger: str, detail: list[str] | None = None, *, weights_only: bool = False
+        self,
+        trigger: str,
+        detail: list[str] | None = None,
+        *,
+        weights_only: bool = False,
+        push: Overlay | None = None,
     ) -> ReloadOutcome:
         """Reload and return the outcome. While one runs, requests collapse into exactly one
         follow-up reload (with the newest files), whose outcome they all get."""
@@ -170,8 +176,33 @@ class ModelSupervisor:
             detail=", ".join(detail) or None,
             queued=self.busy,
         )
-        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only)
+        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only, push=push)
         return await asyncio.shield(self.submit(job).future)
+
+    async def push(self, descriptor: Any, *, strict: bool = True) -> dict[str, Any]:
+        """A trainer's weights (a shared-memory descriptor) as the next version: built,
+        warmed and smoke-tested in the serving worker, then swapped in. Returns the version
+        and its digest; ReloadFailedError with the reason (the old weights serve on, never
+        a mix), BadRequestError for a descriptor that is not one."""
+        self._pushes += 1
+        overlay = pushes.adopt(descriptor, strict, self._pushes)
+        detail = [f"{len(overlay.names)} tensor(s){'' if strict else ', strict=False'}"]
+        try:
+            outcome = await self.reload("push", detail, push=overlay)
+        finally:
+            if overlay not in self.record.overlays:
+                overlay.close()
+        if not outcome.ok:
+            raise ReloadFailedError(
+                f"model {self.name!r}: pushed weights failed in {outcome.phase or 'the push'}: "
+                f"{outcome.error}; v{outcome.version} keeps serving its weights"
+            )
+        digest = self.current.digest if self.current else None
+        return {"version": outcome.version, "digest": digest}
+
+    async def wait_version(self, version: int, timeout_s: float) -> int:
+        """The serving version once it is `version` or later (bounded by `timeout_s`)."""
+        return await self.router.wait_version(version, timeout_s)
 
     async def restart(self, reason: str, *, wedged: bool = False) -> None:
         """Kill the serving worker and restart it on the last good version."""
@@ -208,7 +239,7 @@ class ModelSupervisor:
     async def _run(self, job: Job) -> None:
         try:
             if isinstance(job, StartJob):
-                await self._do_start()
+                await lifecycle.run_start(self)
             elif isinstance(job, ReloadJob):
                 job.settle(await reload_job.run_reload(self, job))
             elif isinstance(job, RestartJob):
@@ -226,39 +257,6 @@ class ModelSupervisor:
             job.settle(error=exc)
 
     # ------------------------------------------------------------------ start
-
-    async def _do_start(self) -> None:
-        version = self.record.next_version
-        candidate = await snapshot_keeper.candidate(self, version)
-        runner = PhaseRunner(self)
-        self.set_state("starting")
-        worker: WorkerProcess | None = None
-        try:
-            # The process starts (torch's import) outside the device lock: only the build
-            # touches the device, and several models may start side by side.
-            worker = await self.spawn(None, phase="start")
-            self.set_state("loading", pid=worker.pid)
-            async with self.device_lock():
-                info = await phases.build(runner, worker, version, code=None, mode="start")
-                await phases.own_swap(worker)
-        except PhaseFailed as exc:
-            if worker is not None:
-                await worker.stop(self.model.deadlines.stop_s)
-            self.set_state("failed", error=str(exc))
-            self.note_error(str(exc))
-            self.router.refuse_until_reload(f"failed to start ({exc.phase}: {exc})")
-            await snapshot_keeper.discard(candidate)
-            raise
-        except BaseException:
-            if worker is not None:
-                await worker.kill()  # cancelled (Ctrl-C during the first load)
-            await snapshot_keeper.discard(candidate)
-            raise
-        finally:
-            self.enter_phase(None)
-        self.install(worker, info)
-        await snapshot_keeper.promote(self, candidate)
-        self.ensure_watchdog()
 
     # ------------------------------------------------------------------ deaths and hangs
 
@@ -307,26 +305,9 @@ class ModelSupervisor:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         await self.strategy.close()
-        await self._drain_and_stop(drain_timeout_s)
-
-    async def _drain_and_stop(self, drain_timeout_s: float | None) -> None:
-        rec, router = self.record, self.router
-        self.set_state("draining")
-        if rec.serving is not None and rec.serving.alive and router.unavailable_reason is None:
-            router.open_gate()  # a reload cancelled by the shutdown may have left it closed
-        # Let queued requests finish while the gate stays open, up to the drain deadline.
-        timeout = drain_timeout_s if drain_timeout_s is not None else self.model.deadlines.drain_s
-        deadline = time.monotonic() + timeout
-        while (router.depth or router.inflight) and time.monotonic() < deadline:
-            if not (rec.serving and rec.serving.alive):
-                break
-            await asyncio.sleep(0.01)
-        router.close_gate()
-        await router.drain(max(0.0, deadline - time.monotonic()))
-        router.fail_queued(WorkerUnavailableError(f"model {self.name!r}: server is shutting down"))
-        if rec.serving is not None:
-            await rec.serving.stop(self.model.deadlines.stop_s)
-        self.set_state("stopped")
+        await lifecycle.drain_and_stop(self, drain_timeout_s)
+        for overlay in self.record.overlays:
+            overlay.close()
 
     # ------------------------------------------------------------------ state changes
 
@@ -346,6 +327,30 @@ class ModelSupervisor:
 
     def add_history(self, outcome: ReloadOutcome) -> None:
         self.record.history.append(outcome)
+
+    def weights_plan(
+        self, worker: WorkerProcess, mode: str, push: Overlay | None = None
+    ) -> WeightsPlan:
+        """Where a build on `worker` takes its weights from (pushes.py has the rule)."""
+        rec = self.record
+        plan = plan_weights(
+            self.model,
+            rec.overlays,
+            rec.weights_stat,
+            same_worker=worker is rec.serving and worker.alive,
+            restart=mode == "restart",
+            push=push,
+        )
+        if plan.lost:
+            ids = ", ".join(f"#{o.id}" for o in plan.lost)
+            self.events.emit_once(
+                "model_note",
+                model=self.name,
+                message=f"weights pushed over CUDA IPC ({ids}) cannot be read again by a new "
+                "worker: this build has the files' weights and the later pushes; push again "
+                "to serve them",
+            )
+        return plan
 
     def set_good_snapshot(self, snapshot: Snapshot | None) -> Snapshot | None:
         """A restart comes back on `snapshot` from now on; returns the one it replaces."""
@@ -371,6 +376,12 @@ class ModelSupervisor:
         previous, rec.serving = rec.serving, worker
         rec.current = info
         rec.last_version = max(rec.last_version, info.version)
+        # The weights it serves: the files as it found them and the pushes it holds; pushes
+        # no version needs any more (the files changed since) let go of their memory.
+        for overlay in rec.overlays:
+            if overlay not in info.overlays:
+                overlay.close()
+        rec.overlays, rec.weights_stat = list(info.overlays), info.weights_stat
         if previous is not worker:  # an in-place reload keeps its place
             self.workers.place(worker, serving=True)
             if previous is not None and not handover:
@@ -397,6 +408,8 @@ class ModelSupervisor:
             self.router.worker = worker
             if open_gate:
                 self.router.open_gate()
+        # Last: requests waiting for this version (`min_version`) go to its worker.
+        self.router.serving_version(info.version, info.digest)
 
     def keep_standby(
         self, worker: WorkerProcess, *, recycled: int = 0, after: str | None = None

@@ -1,0 +1,128 @@
+"""Weights a trainer pushes from memory (`Client.update_weights`), as the session keeps them.
+
+A push arrives as a descriptor of shared memory (protocol/shared_state.py): a memfd of the
+trainer's, and/or CUDA IPC handles. The session opens the memfd itself, so the bytes stay
+readable after the trainer's call returns, and keeps every push made since the weights
+files last changed: each later build (a code edit, a restart after a crash, a respawn
+worker) lays them over the files' weights in order, so the weights that answer never go
+back to the checkpoint behind the trainer's back. A push over CUDA IPC can be read once
+only (each handle counts one reader): a worker that did not read it cannot get it back,
+and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hotreload.config import ModelConfig
+from hotreload.errors import BadRequestError
+from hotreload.protocol.shared_state import validate_descriptor
+
+
+@dataclass
+class Overlay:
+    """One push that serves (or is about to)."""
+
+    id: int
+    state: dict[str, Any]
+    strict: bool
+    #: The session's reference to the memfd (None: no tensor went through one).
+    fd: int | None = None
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def replayable(self) -> bool:
+        """Can a worker other than the first one read it (no CUDA IPC handle in it)?"""
+        return all(t.get("via") == "memfd" for t in self.state.get("tensors", []))
+
+    def wire(self) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state, "strict": self.strict}
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
+    """Check a client's descriptor and take a reference of the session's own to its memfd.
+    BadRequestError says what is wrong (a malformed descriptor, memory already gone)."""
+    try:
+        validate_descriptor(descriptor)
+    except ValueError as exc:
+        raise BadRequestError(f"update_weights: {exc}") from None
+    state = dict(descriptor)
+    fd = None
+    if state.get("path"):
+        try:
+            fd = os.open(state["path"], os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise BadRequestError(
+                f"update_weights: the pushed memory {state['path']} cannot be opened "
+                f"({exc.strerror}); the client closed it before the session read it, or runs "
+                "as another user"
+            ) from None
+        state["path"] = f"/proc/{os.getpid()}/fd/{fd}"
+    names = [t["name"] for t in state.get("tensors", [])]
+    return Overlay(overlay_id, state, bool(strict), fd, names)
+
+
+def files_signature(model: ModelConfig) -> tuple[Any, ...]:
+    """(inode, size, mtime, ctime) of each weights file: any save or rename changes it."""
+    out: list[Any] = []
+    for path in model.weights:
+        try:
+            st = Path(path).stat()
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
+
+
+@dataclass
+class WeightsPlan:
+    """Where the next build's weights come from, and what the version will hold."""
+
+    #: The weights files as the build finds them.
+    stat: tuple[Any, ...] | None
+    #: The pushes the new version holds, oldest first (the new push last).
+    overlays: list[Overlay]
+    #: Share the serving version's tensors (its worker builds, the files are unchanged).
+    reuse: bool
+    push: Overlay | None = None
+    #: Pushes over CUDA IPC this build cannot read again (another worker read them).
+    lost: list[Overlay] = field(default_factory=list)
+
+    def wire(self) -> dict[str, Any]:
+        """The LOAD fields: a worker skips the pushes its base already holds."""
+        return {"reuse": self.reuse, "overlays": [o.wire() for o in self.overlays]}
+
+
+def plan_weights(
+    model: ModelConfig,
+    held: list[Overlay],
+    held_stat: tuple[Any, ...] | None,
+    *,
+    same_worker: bool,
+    restart: bool,
+    push: Overlay | None,
+) -> WeightsPlan:
+    """The rule: the files' weights, then every push made since they last changed. A
+    restart comes back on the serving version's (its snapshot of the files, and its
+    pushes); a build whose files changed starts again from them."""
+    if restart:
+        stat, keep, reuse = held_stat, list(held), False
+    else:
+        stat = files_signature(model)
+        unchanged = held_stat is not None and stat == held_stat
+        keep = list(held) if unchanged else []
+        reuse = unchanged and same_worker
+    lost = [o for o in keep if not o.replayable and not reuse]
+    keep = [o for o in keep if o not in lost] + ([push] if push is not None else [])
+    return WeightsPlan(stat, keep, reuse, push, lost)

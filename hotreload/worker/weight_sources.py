@@ -1,0 +1,145 @@
+"""Where a new version's weights come from: the serving version, the files, pushes.
+
+A build takes its base weights from one of:
+- the serving version, when the manager says the weights files are unchanged since it
+  loaded them (`reuse`) and the new module has the same names, shapes and dtypes: its
+  tensors are shared, not copied (inference never writes them), so a code edit of a
+  1 GiB model moves no weight bytes;
+- the weights files otherwise (worker/weights.py), read once, straight onto the device.
+Then come the pushes made since the files last changed (`overlays`, each a trainer's
+`update_weights` in shared memory, worker/pushed_state.py), in order, skipping those the
+base already holds. So the weights that serve are always "the files, then the pushes",
+whichever worker builds them, and a restart or a respawn gets the same weights back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hotreload.worker.fast_build import retie
+from hotreload.worker.load_error import LoadError
+from hotreload.worker.pushed_state import read_state
+from hotreload.worker.weights import _problems, load_weights, tied_groups
+
+
+@dataclass
+class PlacedWeights:
+    """What a build's weights came from (kept on its ModelVersion)."""
+
+    #: Names filled from the files, the serving version or a push (not by build()).
+    keys: set[str] = field(default_factory=set)
+    #: The pushes these weights include, by id.
+    overlay_ids: tuple[int, ...] = ()
+    #: Tensors shared with the serving version instead of read (0: read or none).
+    reused: int = 0
+    #: Why the serving version's tensors could not be shared (None: they were, or not asked).
+    not_reused: str | None = None
+
+
+def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The serving version's weight tensors the new module can take as they are, or why
+    not. Only a module whose every name, shape and dtype matches: a changed layer means the
+    files must be read (they hold its new shape, or the load fails as it should)."""
+    old_model = getattr(current, "model", None)
+    old_keys: set[str] = getattr(getattr(current, "weights", None), "keys", set())
+    if not isinstance(old_model, torch.nn.Module) or not old_keys:
+        return {}, "the serving version holds no weights to share"
+    if getattr(current, "on_host", False):
+        return {}, "the serving version is offloaded"
+    old = old_model.state_dict(keep_vars=True)
+    new = model.state_dict(keep_vars=True)
+    if set(new) != set(old):
+        return {}, "the module's parameter names changed"
+    for key, t in new.items():
+        o = old[key]
+        if tuple(o.shape) != tuple(t.shape) or o.dtype != t.dtype:
+            return {}, f"{key} changed from {o.dtype}{list(o.shape)} to {t.dtype}{list(t.shape)}"
+    # New tensor objects over the same memory: the new version's Parameters are its own
+    # (a later `.to()` of one version cannot move the other's), the bytes are shared.
+    return {k: old[k].detach() for k in old_keys if k in old}, None
+
+
+def _overlay_state(
+    model: torch.nn.Module, overlay: Mapping[str, Any], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """One push, read and checked against the module: every name known, every shape equal,
+    and with `strict` every weight present. Dtypes follow the module's (as a load does)."""
+    pushed = read_state(overlay["state"], device)
+    own = model.state_dict(keep_vars=True)
+    ties = tied_groups(model)
+    missing, unexpected = _problems(set(own), set(pushed), ties)
+    if unexpected:
+        shown = ", ".join(unexpected[:5]) + (" ..." if len(unexpected) > 5 else "")
+        raise LoadError(
+            f"pushed weights name {len(unexpected)} tensor(s) the model does not have: "
+            f"{shown}; the model's names look like {', '.join(sorted(own)[:3])}"
+        )
+    if overlay.get("strict", True) and missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise LoadError(
+            f"pushed weights miss {len(missing)} of the model's tensor(s): {shown}; push "
+            "them all, or pass strict=False to update only some"
+        )
+    out = {}
+    for name, t in pushed.items():
+        mine = own[name]
+        if tuple(t.shape) != tuple(mine.shape):
+            raise LoadError(
+                f"pushed {name} has shape {list(t.shape)}, the model's is {list(mine.shape)}"
+            )
+        out[name] = t if t.dtype == mine.dtype else t.to(mine.dtype)
+    return out
+
+
+def place_weights(
+    model: Any,
+    files: Sequence[str],
+    prefix: Mapping[str, str] | None,
+    *,
+    root: str,
+    device: torch.device,
+    current: Any = None,
+    overlays: Sequence[Mapping[str, Any]] = (),
+    step_done: Callable[[], None] = lambda: None,
+) -> PlacedWeights:
+    """Fill `model`'s weights: the base (shared from `current`, else the files), then the
+    `overlays` the base does not hold yet. LoadError says what does not fit."""
+    placed = PlacedWeights()
+    if not isinstance(model, torch.nn.Module):
+        load_weights(model, files, prefix, root=root, assign=True, device=device)
+        if overlays:
+            raise LoadError(
+                f"weights were pushed but the factory returned {type(model).__name__}, not "
+                "a torch.nn.Module"
+            )
+        return placed
+    state: dict[str, torch.Tensor] = {}
+    base_overlays: tuple[int, ...] = ()
+    if current is not None:
+        state, placed.not_reused = _shareable(model, current)
+        if state:
+            placed.reused = len(state)
+            placed.keys = set(state)
+            base_overlays = getattr(current.weights, "overlay_ids", ())
+    if not state and files:
+        load_weights(model, files, prefix, root=root, assign=True, device=device)
+        placed.keys = set(model.state_dict(keep_vars=True))
+    step_done()
+    applied = list(base_overlays)
+    for overlay in overlays:
+        if int(overlay["id"]) in base_overlays:
+            continue
+        state.update(_overlay_state(model, overlay, device))
+        applied.append(int(overlay["id"]))
+        step_done()
+    if state:
+        ties = tied_groups(model)
+        model.load_state_dict(state, strict=False, assign=True)
+        retie(model, ties, set(state))
+        placed.keys |= set(state)
+    placed.overlay_ids = tuple(applied)
+    return placed

@@ -1,0 +1,150 @@
+"""A trainer pushes weights from memory: `Client.update_weights`, end to end.
+
+A real `hotreload serve` of the example MLP, a real client pushing torch tensors through a
+memfd, and the model called in-process with the same weights to compare the answers with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+
+from hotreload import Client
+from hotreload.errors import ReloadFailedError, RequestTimeoutError
+from tests.support import count_events, make_project, wait_until
+
+X = np.random.default_rng(17).standard_normal((2, 64), dtype=np.float32)
+
+
+def in_process(config: Path, state: dict[str, torch.Tensor]) -> np.ndarray:
+    """The example model, built here, with `state`: what the server must answer."""
+    spec = importlib.util.spec_from_file_location("mlp_here", config.parent / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.set_num_threads(1)
+    model = module.build().eval()
+    model.load_state_dict(state)
+    with torch.inference_mode():
+        return model(torch.from_numpy(X)).numpy()
+
+
+def file_state(config: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(config.parent / "weights.safetensors"))
+
+
+def trained(state: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+    """A training step's worth of change, the same every run."""
+    g = torch.Generator().manual_seed(step)
+    return {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+
+def status_of(client: Client) -> dict[str, Any]:
+    return client.status()["models"][0]
+
+
+@pytest.fixture
+def served(tmp_path: Path, serve):  # type: ignore[no-untyped-def]
+    config = make_project(tmp_path)
+    server = serve(config)
+    with Client(config=config, timeout_s=60) as client:
+        yield config, server, client
+
+
+def test_a_push_serves_the_pushed_weights_and_says_which(served) -> None:  # type: ignore[no-untyped-def]
+    config, _, client = served
+    before = status_of(client)
+    assert before["version"] == 1 and before["digest"].startswith("sha256:")
+    state = trained(file_state(config), 1)
+    reply = client.update_weights("mlp", state)
+    assert reply["version"] == 2 and reply["digest"] != before["digest"]
+    result = client.infer("mlp", X, min_version=2)
+    assert result.version == 2 and result.digest == reply["digest"]
+    np.testing.assert_allclose(result.output, in_process(config, state), rtol=1e-5, atol=1e-6)
+    now = status_of(client)
+    assert now["digest"] == reply["digest"] and now["pushes"] == 1
+    # The file's own weights pushed back: the digest of v1, however they arrived.
+    again = client.update_weights("mlp", file_state(config))
+    assert again["digest"] == before["digest"] and again["version"] == 3
+    done = count_events(config, "reload_done", trigger="push")
+    assert done == 2
+
+
+def test_a_partial_push_keeps_the_rest_of_the_last_push(served) -> None:  # type: ignore[no-untyped-def]
+    config, _, client = served
+    first = trained(file_state(config), 1)
+    client.update_weights("mlp", first)
+    head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
+    with pytest.raises(ReloadFailedError, match="strict=False"):
+        client.update_weights("mlp", head)  # strict: every tensor, or say so
+    reply = client.update_weights("mlp", head, strict=False)
+    assert reply["version"] == 3
+    expected = in_process(config, {**first, **head})
+    np.testing.assert_allclose(client.infer("mlp", X).output, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: {**s, "out.weight": torch.zeros(3, 3)}, r"out\.weight has shape \[3, 3\]"),
+        (lambda s: {**s, "head.weight": torch.zeros(3)}, "does not have: head.weight"),
+        (lambda s: {**s, "out.bias": torch.full_like(s["out.bias"], float("nan"))}, "non-finite"),
+    ],
+    ids=["shape", "unknown name", "nan output"],
+)
+def test_a_bad_push_raises_why_and_the_old_weights_serve_on(served, change, message) -> None:  # type: ignore[no-untyped-def]
+    config, _, client = served
+    good = trained(file_state(config), 2)
+    client.update_weights("mlp", good)
+    before = client.infer("mlp", X)
+    with pytest.raises(ReloadFailedError, match=message) as failed:
+        client.update_weights("mlp", change(good))
+    assert "v2 keeps serving" in str(failed.value)
+    after = client.infer("mlp", X)
+    assert after.version == 2 and after.digest == before.digest
+    np.testing.assert_array_equal(after.output, before.output)  # never a mix
+
+
+def test_a_restart_and_a_code_edit_keep_the_pushed_weights(served) -> None:  # type: ignore[no-untyped-def]
+    config, server, client = served
+    state = trained(file_state(config), 3)
+    pushed = client.update_weights("mlp", state)["digest"]
+    expected = in_process(config, state)
+    os.kill(server.worker_pids()[0], signal.SIGKILL)  # a crash: the worker is restarted
+    wait_until(lambda: count_events(config, "worker_restarted") == 1, 60, what="the restart")
+    after_crash = client.infer("mlp", X)
+    assert after_crash.digest == pushed
+    np.testing.assert_allclose(after_crash.output, expected, rtol=1e-5, atol=1e-6)
+    model_py = config.parent / "model.py"
+    model_py.write_text(model_py.read_text() + "\n# an edit of the code only\n")
+    outcome = client.reload("mlp")["outcomes"][0]
+    assert outcome["ok"], outcome
+    edited = client.infer("mlp", X)
+    assert edited.version > after_crash.version and edited.digest == pushed
+
+
+def test_min_version_waits_for_the_push_and_wait_version_is_bounded(served) -> None:  # type: ignore[no-untyped-def]
+    config, _, client = served
+    answers: list[Any] = []
+    other = Client(config=config, timeout_s=60)
+    waiter = threading.Thread(target=lambda: answers.append(other.infer("mlp", X, min_version=2)))
+    waiter.start()
+    # It waits in the session for v2 (not answered by v1, not refused).
+    wait_until(lambda: status_of(client)["waiting_for_version"] == 1, 30, what="the wait")
+    state = trained(file_state(config), 4)
+    reply = client.update_weights("mlp", state)
+    waiter.join(60)
+    assert answers and answers[0].version == 2 and answers[0].digest == reply["digest"]
+    other.close()
+    assert client.wait_version("mlp", 2) == 2
+    with pytest.raises(RequestTimeoutError, match="version 5 did not serve"):
+        client.wait_version("mlp", 5, timeout_s=0.5)
