@@ -36,6 +36,15 @@ def format_status(status: dict[str, Any]) -> str:
             f"{lat['p50_ms']:>8.2f} {lat['p95_ms']:>8.2f} {lat['p99_ms']:>8.2f} "
             f"{req['ok']:>8} {req['rejected']:>5} {req['timed_out']:>5} {req['failed']:>5} {mem:>9}"
         )
+        if m.get("digest"):
+            pushed = m.get("pushes") or 0
+            lines.append(
+                f"  weights {m['digest']}"
+                + (f" (the files' with {pushed} push(es) over them)" if pushed else "")
+            )
+        waiting = m.get("waiting_for_version")
+        if waiting:
+            lines.append(f"  {waiting} request(s) waiting for a later version (min_version)")
         cpus = m.get("cpus")
         if cpus:
             lines.append(

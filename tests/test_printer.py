@@ -97,6 +97,20 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ),
     (
         {
+            "kind": "reload_done",
+            "model": "mlp",
+            "version": 4,
+            "total_s": 0.25,
+            "policy": "availability",
+            "strategy": "inplace",
+            "phases": {},
+            "trigger": "push",
+            "digest": "sha256:d513bd5d2260c954a6f71d0288c16afa",
+        },
+        "mlp: reload -> v4 ok in 0.25 s (availability, inplace); weights sha256:d513bd5d",
+    ),
+    (
+        {
             "kind": "checkpoint_wait",
             "model": "mlp",
             "file": "/p/w.safetensors",

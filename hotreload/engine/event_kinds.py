@@ -182,6 +182,8 @@ class Ready(ModelEvent):
     warm_s: float
     #: Inputs that vary beyond the batch (`describe_dynamic`), or None.
     inputs: str | None = None
+    #: The content digest of the weights it serves (None: not a torch module).
+    digest: str | None = None
 
 
 @event("start_failed")
@@ -327,6 +329,8 @@ class ReloadDone(ModelEvent):
     phase: str | None = None
     error: str | None = None
     traceback: str | None = None
+    #: The content digest of the weights now serving.
+    digest: str | None = None
 
 
 @event("reload_failed")
@@ -344,6 +348,8 @@ class ReloadFailed(ModelEvent):
     phase: str | None = None
     error: str | None = None
     traceback: str | None = None
+    #: The content digest of the weights that serve on.
+    digest: str | None = None
 
 
 @event("weights_override")

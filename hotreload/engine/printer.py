@@ -58,8 +58,17 @@ def _ready(e: dict[str, Any]) -> str:
     return (
         f"{_m(e)}: v{e['version']} ready on {e.get('device')} "
         f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
-        f"worker pid {e.get('pid')})" + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
+        f"worker pid {e.get('pid')})"
+        + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
+        + _weights(e)
     )
+
+
+def _weights(e: dict[str, Any]) -> str:
+    """`; weights sha256:d513bd5d`: which weights serve (the digest's first 8 hex digits;
+    the whole one is in `hotreload status` and each reply)."""
+    digest = e.get("digest")
+    return f"; weights {digest[:15]}" if isinstance(digest, str) else ""
 
 
 def _standby_ready(e: dict[str, Any]) -> str:
@@ -132,7 +141,7 @@ FORMATTERS: dict[str, Formatter] = {
     "phase_end": _phase_end,
     "reload_done": lambda e: (
         f"{_m(e)}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
-        f"({e.get('policy')}, {e.get('strategy')})"
+        f"({e.get('policy')}, {e.get('strategy')}){_weights(e)}"
     ),
     "reload_failed": lambda e: _with_traceback(
         f"{_m(e)}: reload FAILED in {e.get('phase')}: {e.get('error')} "

@@ -22,11 +22,11 @@ ROOTS: dict[str, tuple[str, ...]] = {
     "hotreload.worker.loader": (
         "resolve",
         "torchscript_factory",
-        "load_weights",
         "call_model",
         "LoadError",
         "pick_device",
     ),
+    "hotreload.worker.weights": ("load_weights",),
     "hotreload.worker.signatures": (
         "normalise_example",
         "normalise_output",

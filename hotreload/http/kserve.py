@@ -92,12 +92,16 @@ def model_metadata_doc(
     form: str,
     inputs: Sequence[Mapping[str, Any]],
     outputs: Sequence[Mapping[str, Any]],
+    digest: str | None = None,
 ) -> dict[str, Any]:
     """KServe model metadata: inputs with their declared dims (-1 where any size is
     accepted). An output's dimensions past the batch are -1 as soon as an input may vary
-    beyond its batch (they may follow it, as a sequence length does)."""
+    beyond its batch (they may follow it, as a sequence length does). `parameters`
+    carries the serving weights' digest (hotreload's addition; clients ignore it)."""
     in_dims = [dims_of(s) for s in inputs]
+    extra = {"parameters": {"weights_digest": digest}} if digest else {}
     return {
+        **extra,
         "name": name,
         "versions": [str(version)] if version else [],
         "platform": "pytorch",
@@ -350,8 +354,10 @@ def encode_infer_response(
     req: InferRequest,
     metas: Sequence[Mapping[str, Any]],
     payload: bytes | memoryview,
+    digest: str | None = None,
 ) -> tuple[list[bytes | memoryview], int | None]:
-    """Body pieces and the JSON part's length when binary outputs follow it (else None)."""
+    """Body pieces and the JSON part's length when binary outputs follow it (else None).
+    `digest`: the weights that computed it, as the response's `parameters.weights_digest`."""
     if req.outputs is not None:
         known = {m["name"] for m in metas}
         unknown = [n for n in req.outputs if n not in known]
@@ -392,5 +398,7 @@ def encode_infer_response(
     doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": outs}
     if req.id is not None:
         doc["id"] = req.id
+    if digest:
+        doc["parameters"] = {"weights_digest": digest}
     head = json.dumps(doc, separators=(",", ":")).encode()
     return [head, *blobs], (len(head) if blobs else None)

@@ -246,6 +246,7 @@ class KServeApp:
                 router.input_form,
                 router.input_signature,
                 host.current.outputs if host.current else [],
+                host.current.digest if host.current else None,
             )
         )
 
@@ -282,7 +283,12 @@ class KServeApp:
         h = frame.header
         try:
             pieces, json_len = encode_infer_response(
-                host.name, int(h.get("version") or 0), req, h.get("tensors", []), frame.payload
+                host.name,
+                int(h.get("version") or 0),
+                req,
+                h.get("tensors", []),
+                frame.payload,
+                h.get("digest"),
             )
         except InferRequestError as exc:
             raise HttpError(400, f"model {host.name!r}: {exc}") from None

@@ -101,6 +101,19 @@ def elapsed_text(since: float | None, now: float | None) -> str:
     return f" {max(0.0, now - since):.0f} s"
 
 
+def version_text(version: int, digest: Any, pushes: int) -> Text:
+    """`v3 d513bd5d +2`: the version, the first 8 hex digits of its weights' digest (the
+    whole one is in `hotreload status`), and how many trainer pushes lie over the files'."""
+    if not version:
+        return Text("-")
+    text = Text(f"v{version}")
+    if isinstance(digest, str) and ":" in digest:
+        text.append(f" {digest.split(':', 1)[1][:8]}", "dim")
+    if pushes:
+        text.append(f" +{pushes}", "cyan")
+    return text
+
+
 def model_rows(
     state: DashboardState, hms: Callable[[float], str], now: float | None = None
 ) -> tuple[tuple[Any, ...], ...]:
@@ -122,7 +135,7 @@ def model_rows(
         rows.append(
             (
                 name,
-                f"v{version}" if version else "-",
+                version_text(version, m.get("digest"), int(m.get("pushes") or 0)),
                 label,
                 f"{m.get('policy')}/{m.get('strategy')}",
                 str(m.get("device") or "-"),

@@ -274,7 +274,9 @@ def build_version(
         step_done()
         files = spec.get("weights") or []
         build_notes: list[str] = []
-        if (files or current is not None or overlays) and not spec["entry"].get("torchscript"):
+        # Only with files: they hold every weight whatever happens (a version whose tensors
+        # cannot be shared, a push of a subset); without, build() sets the weights itself.
+        if files and not spec["entry"].get("torchscript"):
             # Every parameter comes from the files: no random initialization to overwrite.
             model = build_without_init(factory, build_notes.append)
         else:

@@ -74,7 +74,10 @@ def test_infer_binary_and_json_and_metadata(project: Path, http_serve) -> None:
         assert client.is_model_ready("mlp") and client.is_model_ready("mlp", "1")
         meta = client.get_server_metadata()
         assert meta["name"] == "hotreload" and "binary_tensor_data" in meta["extensions"]
+        digest = Client(config=project).status()["models"][0]["digest"]
+        assert digest.startswith("sha256:")
         assert client.get_model_metadata("mlp") == {
+            "parameters": {"weights_digest": digest},
             "name": "mlp",
             "versions": ["1"],
             "platform": "pytorch",
@@ -90,6 +93,7 @@ def test_infer_binary_and_json_and_metadata(project: Path, http_serve) -> None:
         inp.set_data_from_numpy(x)
         result = client.infer("mlp", [inp])
         assert result.get_response()["model_version"] == "1"
+        assert result.get_response()["parameters"] == {"weights_digest": digest}
         assert result.get_response()["outputs"][0]["parameters"] == {"binary_data_size": 120}
         np.testing.assert_array_equal(result.as_numpy("output"), expected)
 

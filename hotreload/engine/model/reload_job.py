@@ -68,6 +68,7 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
         phase=outcome.phase,
         error=outcome.error,
         traceback=outcome.traceback,
+        digest=sup.current.digest if sup.current else None,
     )
     return outcome
 

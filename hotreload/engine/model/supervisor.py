@@ -401,6 +401,7 @@ class ModelSupervisor:
                 load_s=info.load_s,
                 warm_s=info.warm_s,
                 inputs=describe_dynamic(info.inputs),
+                digest=info.digest,
             )
         if handover:
             self.router.handover(worker)
