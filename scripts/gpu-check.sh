@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs the GPU-only checks on a machine with an NVIDIA GPU, in under five minutes:
-#   1. the pytest tests marked `gpu` (NVML vs torch, busy streams, memory back to baseline);
+# Runs the GPU-only checks on a machine with an NVIDIA GPU, in about five minutes:
+#   1. the pytest tests marked `gpu` (NVML vs torch, busy streams, memory back to baseline,
+#      weights read straight onto the device, pushes over CUDA IPC and a memfd, code edits
+#      sharing the device weights);
 #   2. `hotreload doctor`, for the record;
 #   3. one real reload loop of the example model on CUDA.
 # Usage: scripts/gpu-check.sh            (from anywhere; uses .venv/bin/python if present)
@@ -18,14 +20,14 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 
-# Each step has its own budget; together they stay under five minutes.
+# Each step has its own budget; together they stay under six minutes.
 step() {
   local budget=$1; shift
   echo "== $* (limit ${budget}s)"
   timeout --kill-after=10 "$budget" "$@"
 }
 
-step 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+step 200 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
 step 30 "$PY" -m hotreload doctor || echo "gpu-check: doctor reported a FAIL (see above)"
 HOTRELOAD_DEVICE=cuda:0 step 100 "$PY" -m hotreload check \
   --config examples/mlp/hotreload.toml --reloads 3

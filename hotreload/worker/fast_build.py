@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from hotreload.worker.shared_weights import SharedBlock, copy_into_block
+
 #: The `torch.nn.init` functions layers initialise their parameters with.
 _INIT_NAMES = (
     "uniform_",
@@ -105,21 +107,27 @@ def retie(model: torch.nn.Module, ties: Mapping[str, frozenset[str]], loaded: se
 
 def owned_tensors(
     model: torch.nn.Module, state: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], SharedBlock | None]:
     """The file's tensors as memory of this process's own, in the dtype of the module's
-    (what copying into them did), ready to become its parameters.
+    (what copying into them did), ready to become its parameters; on the CPU, in one
+    shared block (shared_weights.py) a respawn worker can map instead of reading the files.
 
     A copy, on purpose: safetensors maps the file, and a parameter over the mapping would
     die with SIGBUS (the whole serving worker) when the file is rewritten in place
     (`open(path, "wb")`, as many save functions do) while the old version still serves."""
     own = model.state_dict(keep_vars=True)
-    out = {}
+    out: dict[str, torch.Tensor] = {}
+    host: dict[str, torch.Tensor] = {}
     for key, t in state.items():
         mine = own.get(key)
-        if mine is not None and mine.dtype != t.dtype:
+        if t.device.type == "cpu":
+            host[key] = t.to(mine.dtype) if mine is not None and mine.dtype != t.dtype else t
+        elif mine is not None and mine.dtype != t.dtype:
             out[key] = t.to(mine.dtype)
-        elif t.device.type == "cpu":
-            out[key] = t.clone()
         else:
             out[key] = t  # read onto the GPU: device memory of its own already
-    return out
+    block = None
+    if host:
+        copies, block = copy_into_block(host)
+        out.update(copies)
+    return out, block

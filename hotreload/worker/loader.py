@@ -257,12 +257,14 @@ def build_version(
     step_done: Callable[[], None] = no_pause,
     *,
     current: ModelVersion | None = None,
+    base: Mapping[str, Any] | None = None,
     overlays: Sequence[Mapping[str, Any]] = (),
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
     `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
     `current`: the serving version, whose weight tensors the build shares when the files
-    are unchanged; `overlays`: pushed weights on top (weight_sources.py)."""
+    are unchanged; `base`: another worker's weights block to map instead (respawn);
+    `overlays`: pushed weights on top (weight_sources.py)."""
     root = Path(spec["root"])
     started = time.perf_counter()
     before = allocated_bytes(device)
@@ -294,6 +296,7 @@ def build_version(
             root=str(root),
             device=device,
             current=current,
+            base=base,
             overlays=overlays,
             step_done=step_done,
         )
@@ -449,6 +452,8 @@ def release(mv: ModelVersion | None) -> None:
     device = mv.device
     before = allocated_bytes(device)
     runtime.forget_streams(mv.version)
+    if mv.weights.shared is not None:
+        mv.weights.shared.close()  # its pages go once no version maps them
     mv.model = None  # type: ignore[assignment]
     mv.example = {}
     mv.stream = None

@@ -194,6 +194,7 @@ class Worker:
             self.device,
             pacer.step_done,
             current=reuse,
+            base=h.get("base") if self.current is None else None,
             overlays=h.get("overlays") or (),
         )
         if self.device.type != "cuda":
@@ -212,6 +213,8 @@ class Worker:
                 "paused_s": pacer.paused_s,
                 "digest": mv.digest,
                 "reused": mv.weights.reused,
+                "mapped": mv.weights.mapped,
+                "shared": mv.weights.shared.descriptor() if mv.weights.shared else None,
                 "not_reused": mv.weights.not_reused if reuse is not None else None,
             }
         )

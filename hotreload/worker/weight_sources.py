@@ -23,6 +23,7 @@ import torch
 from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
+from hotreload.worker.shared_weights import SharedBlock, map_block
 from hotreload.worker.weights import _problems, load_weights, tied_groups
 
 
@@ -38,6 +39,11 @@ class PlacedWeights:
     reused: int = 0
     #: Why the serving version's tensors could not be shared (None: they were, or not asked).
     not_reused: str | None = None
+    #: The block of shared memory this build read the files into (CPU), kept until the
+    #: version is released; None when it read none (or mapped another worker's).
+    shared: SharedBlock | None = None
+    #: Tensors mapped from another worker's block (`respawn`, files unchanged).
+    mapped: int = 0
 
 
 def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -61,6 +67,24 @@ def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Te
     # New tensor objects over the same memory: the new version's Parameters are its own
     # (a later `.to()` of one version cannot move the other's), the bytes are shared.
     return {k: old[k].detach() for k in old_keys if k in old}, None
+
+
+def _mappable(
+    model: torch.nn.Module, base: Mapping[str, Any]
+) -> tuple[dict[str, torch.Tensor], str | None]:
+    """Another worker's weights block, mapped, when it fits the new module exactly."""
+    new = model.state_dict(keep_vars=True)
+    entries = {e["name"]: e for e in base.get("tensors", [])}
+    for key, t in new.items():
+        e = entries.get(key)
+        if e is not None and (list(t.shape) != e["shape"] or str(t.dtype)[6:] != e["dtype"]):
+            return {}, f"{key} changed from {e['dtype']}{e['shape']} to {t.dtype}{list(t.shape)}"
+    if set(entries) - set(new):
+        return {}, "the module's parameter names changed"
+    try:
+        return map_block(base), None
+    except ValueError as exc:
+        return {}, str(exc)
 
 
 def _overlay_state(
@@ -103,11 +127,13 @@ def place_weights(
     root: str,
     device: torch.device,
     current: Any = None,
+    base: Mapping[str, Any] | None = None,
     overlays: Sequence[Mapping[str, Any]] = (),
     step_done: Callable[[], None] = lambda: None,
 ) -> PlacedWeights:
-    """Fill `model`'s weights: the base (shared from `current`, else the files), then the
-    `overlays` the base does not hold yet. LoadError says what does not fit."""
+    """Fill `model`'s weights: the base (shared from `current`, or mapped from another
+    worker's block `base`, else the files), then the `overlays` the base does not hold yet.
+    LoadError says what does not fit."""
     placed = PlacedWeights()
     if not isinstance(model, torch.nn.Module):
         load_weights(model, files, prefix, root=root, assign=True, device=device)
@@ -125,8 +151,12 @@ def place_weights(
             placed.reused = len(state)
             placed.keys = set(state)
             base_overlays = getattr(current.weights, "overlay_ids", ())
+    elif base is not None and device.type == "cpu":
+        # The files' weights as the other worker read them: its pushes come on top again.
+        state, placed.not_reused = _mappable(model, base)
+        placed.mapped, placed.keys = len(state), set(state)
     if not state and files:
-        load_weights(model, files, prefix, root=root, assign=True, device=device)
+        placed.shared = load_weights(model, files, prefix, root=root, assign=True, device=device)
         placed.keys = set(model.state_dict(keep_vars=True))
     step_done()
     applied = list(base_overlays)

@@ -32,6 +32,7 @@ import torch
 from hotreload.config.weights import is_torchscript_archive
 from hotreload.worker.fast_build import owned_tensors, retie
 from hotreload.worker.load_error import LoadError
+from hotreload.worker.shared_weights import SharedBlock
 
 # ----------------------------------------------------------------------------- TorchScript
 
@@ -225,13 +226,14 @@ def load_weights(
     root: str | None = None,
     assign: bool = False,
     device: torch.device | None = None,
-) -> None:
+) -> SharedBlock | None:
     """Load the weights `files` into `model` strictly, tied parameters and `prefix` allowed
     for. `root` (the project folder) shortens the paths in messages. `assign`: the file's
     tensors become the parameters (no copy; see fast_build.py). `device`: a CUDA device the
-    files are read straight onto (no host copy of the whole state)."""
+    files are read straight onto (no host copy of the whole state). Returns the shared
+    block host weights were placed in with `assign` (its owner closes it)."""
     if not files:
-        return
+        return None
     if not isinstance(model, torch.nn.Module):
         raise LoadError(
             f"weights are configured but the factory returned {type(model).__name__}, "
@@ -249,17 +251,22 @@ def load_weights(
     if missing or unexpected:
         raise LoadError(_mismatch(missing, unexpected, list(state), module_keys, ties, prefix))
     _check_tied_values(mapped, ties)
+    block = None
     try:
         if assign:
-            model.load_state_dict(owned_tensors(model, mapped), strict=False, assign=True)
+            owned, block = owned_tensors(model, mapped)
+            model.load_state_dict(owned, strict=False, assign=True)
             retie(model, ties, set(mapped))
         else:
             model.load_state_dict(mapped, strict=False)
     except RuntimeError as exc:  # size mismatches
+        if block is not None:
+            block.close()
         raise LoadError(
             f"weights do not match the model: {exc}; check that the weights file was saved "
             "from this model's code"
         ) from None
+    return block
 
 
 def _mismatch(

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
+from hotreload.engine.model.pushes import adopt_block
 from hotreload.engine.model.record import VersionInfo
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 
@@ -135,9 +136,15 @@ async def build(
         info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
         info.inputs, info.input_form = r["inputs"], r["input_form"]
         info.digest = r.get("digest")
+        if r.get("shared"):
+            info.block = adopt_block(r["shared"])  # read from the files just now
+        elif (r.get("reused") or r.get("mapped")) and sup.record.current is not None:
+            info.block = sup.record.current.block  # the same memory, shared or mapped
         what = f"{r.get('reimported', 0)} module(s) re-imported" if reimport else "weights only"
         if r.get("reused"):
             what += f", {r['reused']} weight tensor(s) shared with the serving version"
+        elif r.get("mapped"):
+            what += f", {r['mapped']} weight tensor(s) mapped from the serving worker's memory"
         elif r.get("not_reused"):
             what += f", weights read from the files ({r['not_reused']})"
         if plan.push is not None:

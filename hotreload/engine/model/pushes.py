@@ -72,6 +72,30 @@ def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
     return Overlay(overlay_id, state, bool(strict), fd, names)
 
 
+@dataclass
+class WeightsBlock:
+    """A worker's weights block (worker/shared_weights.py), held open by the session so a
+    respawn worker can map it while the files are unchanged."""
+
+    fd: int
+    descriptor: dict[str, Any]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def adopt_block(descriptor: Any) -> WeightsBlock | None:
+    """The session's own reference to a worker's weights block (None: it went already)."""
+    if not isinstance(descriptor, dict) or not str(descriptor.get("path", "")).startswith("/proc/"):
+        return None
+    try:
+        fd = os.open(descriptor["path"], os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    return WeightsBlock(fd, {**descriptor, "path": f"/proc/{os.getpid()}/fd/{fd}"})
+
+
 def files_signature(model: ModelConfig) -> tuple[Any, ...]:
     """(inode, size, mtime, ctime) of each weights file: any save or rename changes it."""
     out: list[Any] = []
@@ -98,10 +122,16 @@ class WeightsPlan:
     push: Overlay | None = None
     #: Pushes over CUDA IPC this build cannot read again (another worker read them).
     lost: list[Overlay] = field(default_factory=list)
+    #: The serving version's weights block, for another worker to map (files unchanged).
+    base: dict[str, Any] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The LOAD fields: a worker skips the pushes its base already holds."""
-        return {"reuse": self.reuse, "overlays": [o.wire() for o in self.overlays]}
+        return {
+            "reuse": self.reuse,
+            "overlays": [o.wire() for o in self.overlays],
+            **({"base": self.base} if self.base else {}),
+        }
 
 
 def plan_weights(
@@ -112,6 +142,7 @@ def plan_weights(
     same_worker: bool,
     restart: bool,
     push: Overlay | None,
+    serving_block: dict[str, Any] | None = None,
 ) -> WeightsPlan:
     """The rule: the files' weights, then every push made since they last changed. A
     restart comes back on the serving version's (its snapshot of the files, and its
@@ -123,6 +154,11 @@ def plan_weights(
         unchanged = held_stat is not None and stat == held_stat
         keep = list(held) if unchanged else []
         reuse = unchanged and same_worker
+    # Another worker maps the serving version's block (the files' weights as it read them)
+    # instead of reading the files: they are unchanged (a restart's snapshot holds what the
+    # block holds, too). The pushes are laid over it again.
+    unchanged = restart or (held_stat is not None and stat == held_stat)
+    base = serving_block if not same_worker and unchanged else None
     lost = [o for o in keep if not o.replayable and not reuse]
     keep = [o for o in keep if o not in lost] + ([push] if push is not None else [])
-    return WeightsPlan(stat, keep, reuse, push, lost)
+    return WeightsPlan(stat, keep, reuse, push, lost, base)

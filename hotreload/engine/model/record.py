@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hotreload.engine.model.jobs import ReloadOutcome
-    from hotreload.engine.model.pushes import Overlay
+    from hotreload.engine.model.pushes import Overlay, WeightsBlock
     from hotreload.engine.snapshots import Snapshot
     from hotreload.engine.worker_proc import WorkerProcess
 
@@ -53,6 +53,8 @@ class VersionInfo:
     #: The weights files as this version found them, and the pushes it holds.
     weights_stat: tuple[Any, ...] | None = None
     overlays: list[Overlay] = field(default_factory=list)
+    #: The block of shared memory its file weights live in (CPU; pushes.WeightsBlock).
+    block: WeightsBlock | None = None
 
 
 @dataclass

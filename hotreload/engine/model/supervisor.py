@@ -139,8 +139,7 @@ class ModelSupervisor:
         return self.record.history
 
     @property
-    def closed(self) -> bool:
-        """The session is stopping: no job runs any more."""
+    def closed(self) -> bool:  # the session is stopping: no job runs any more
         return self._closed
 
     @property
@@ -287,6 +286,8 @@ class ModelSupervisor:
         if worker is not None:
             await worker.stop(d.stop_s)
         rec.last_version = max(rec.last_version, rec.version)
+        if rec.current is not None and rec.current.block is not None:
+            rec.current.block.close()
         rec.current = None
         self.set_state("unloaded")
 
@@ -308,6 +309,8 @@ class ModelSupervisor:
         await lifecycle.drain_and_stop(self, drain_timeout_s)
         for overlay in self.record.overlays:
             overlay.close()
+        if self.record.current is not None and self.record.current.block is not None:
+            self.record.current.block.close()
 
     # ------------------------------------------------------------------ state changes
 
@@ -333,6 +336,7 @@ class ModelSupervisor:
     ) -> WeightsPlan:
         """Where a build on `worker` takes its weights from (pushes.py has the rule)."""
         rec = self.record
+        block = rec.current.block if rec.current is not None else None
         plan = plan_weights(
             self.model,
             rec.overlays,
@@ -340,6 +344,7 @@ class ModelSupervisor:
             same_worker=worker is rec.serving and worker.alive,
             restart=mode == "restart",
             push=push,
+            serving_block=block.descriptor if block is not None else None,
         )
         if plan.lost:
             ids = ", ".join(f"#{o.id}" for o in plan.lost)
@@ -374,6 +379,8 @@ class ModelSupervisor:
         gate stays as it is (a swap behind a closed gate, reopened by `resume`)."""
         rec = self.record
         previous, rec.serving = rec.serving, worker
+        if rec.current is not None and rec.current.block not in (None, info.block):
+            rec.current.block.close()  # the files changed: the old worker's mapping is its own
         rec.current = info
         rec.last_version = max(rec.last_version, info.version)
         # The weights it serves: the files as it found them and the pushes it holds; pushes

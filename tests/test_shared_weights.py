@@ -1,0 +1,79 @@
+"""A version's file weights in one shared block: a respawn worker maps it instead of reading
+the files again (worker/shared_weights.py, engine/model/pushes.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hotreload import Client
+from hotreload.worker.shared_weights import copy_into_block, map_block
+from tests.support import make_project, read_events
+
+X = np.random.default_rng(23).standard_normal((2, 64), dtype=np.float32)
+
+
+def test_a_block_maps_in_another_process_without_a_copy(tmp_path: Path) -> None:
+    state = {
+        "w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "b": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+        "n": torch.tensor(7, dtype=torch.int64),
+    }
+    tensors, block = copy_into_block(state)
+    try:
+        assert all(torch.equal(tensors[k], state[k]) for k in state)
+        d = block.descriptor()
+        assert all(e["offset"] % 64 == 0 for e in d["tensors"])
+        code = (
+            "import sys, json, torch\n"
+            "from hotreload.worker.shared_weights import map_block\n"
+            "t = map_block(json.loads(sys.argv[1]))\n"
+            "print(t['w'].sum().item(), t['b'].float().tolist(), t['n'].item())\n"
+        )
+        import json
+
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(d)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["66.0", "[1.5,", "-2.0]", "7"]
+        mapped = map_block(d)  # here too: the same pages, not a copy
+        tensors["w"][0, 0] = 100.0
+        assert mapped["w"][0, 0].item() == 100.0
+    finally:
+        block.close()
+
+
+def test_a_respawn_code_edit_maps_the_weights_and_a_weights_edit_reads_them(
+    tmp_path: Path, serve
+) -> None:  # type: ignore[no-untyped-def]
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
+    serve(config)
+    client = Client(config=config, timeout_s=60)
+    before = client.infer("mlp", X)
+    model_py = config.parent / "model.py"
+    model_py.write_text(model_py.read_text() + "\n# a code edit\n")
+    assert client.reload("mlp")["outcomes"][0]["ok"]
+    edited = client.infer("mlp", X)
+    assert edited.version == 2 and edited.digest == before.digest
+    np.testing.assert_array_equal(edited.output, before.output)
+    loads = [e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "load"]
+    assert "mapped from the serving worker's memory" in loads[-1]["detail"], loads[-1]
+    # New weights: read from the file, not mapped from the old block.
+    import safetensors.torch
+
+    path = config.parent / "weights.safetensors"
+    state = safetensors.torch.load_file(str(path))
+    safetensors.torch.save_file({k: v * 2 for k, v in state.items()}, str(path))
+    assert client.reload("mlp")["outcomes"][0]["ok"]
+    loads = [e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "load"]
+    assert "mapped" not in loads[-1]["detail"], loads[-1]
+    assert client.infer("mlp", X).digest != before.digest
