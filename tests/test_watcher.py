@@ -301,3 +301,27 @@ def test_an_edit_undone_while_paused_waits_no_more(tmp_path: Path) -> None:
             await w.stop()
 
     assert run(main()) == ([], 0)
+
+
+def test_a_large_checkpoint_is_compared_by_its_stat_not_hashed(tmp_path: Path) -> None:
+    """Hashing a 1 GiB checkpoint on every save cost ~0.5 s per reload: big files are
+    compared by inode, size and times; small ones keep the content hash (a touch of a
+    small file still reloads nothing)."""
+    import os
+
+    from hotreload.engine.watcher import HASH_BELOW_BYTES, _fingerprint
+
+    big = tmp_path / "w.safetensors"
+    with open(big, "wb") as f:
+        f.truncate(HASH_BELOW_BYTES)
+    first = _fingerprint(big)
+    assert first is not None and first.digest.startswith("stat:")
+    st = big.stat()
+    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert _fingerprint(big) != first
+    small = tmp_path / "model.py"
+    small.write_text("x = 1\n")
+    a = _fingerprint(small)
+    os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
+    b = _fingerprint(small)
+    assert a is not None and b is not None and a.digest == b.digest

@@ -38,6 +38,8 @@ class WorkerOp(StrEnum):
     SYNC = "sync"
     #: Memory, allocator and version figures.
     STATUS = "status"
+    #: The serving version's weights digest, once its background hashing is done.
+    DIGEST = "digest"
     #: Liveness: answered at once by the control thread.
     PING = "ping"
     #: Exit.

@@ -13,9 +13,19 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
+from typing import Any
+
+
+def code_roots(spec: Mapping[str, Any]) -> list[Path]:
+    """The folders the user's code lives in: the watched ones and the entry file's."""
+    roots = [Path(p) for p in spec.get("watch", [])]
+    entry_file = spec["entry"].get("file")
+    if entry_file:
+        roots.append(Path(entry_file).parent)
+    return roots
 
 
 def folder_prefixes(roots: Sequence[Path]) -> tuple[str, ...]:

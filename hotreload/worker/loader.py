@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from hotreload.worker.signatures import (
 )
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
-from hotreload.worker.weights_digest import state_digest
+from hotreload.worker.weights_digest import digest_later, state_digest
 
 
 @dataclass
@@ -67,8 +68,10 @@ class ModelVersion:
     build_notes: list[str] = field(default_factory=list)
     #: Where its weights came from (files, the version before it, pushes).
     weights: PlacedWeights = field(default_factory=PlacedWeights)
-    #: Content digest of its weights (weights_digest.py; None: not a torch module).
+    #: Content digest of its weights (weights_digest.py; None: not a torch module, or
+    #: still being computed by `digest_future`).
     digest: str | None = None
+    digest_future: Future[str] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -259,6 +262,7 @@ def build_version(
     current: ModelVersion | None = None,
     base: Mapping[str, Any] | None = None,
     overlays: Sequence[Mapping[str, Any]] = (),
+    digest_now: bool = False,
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
     `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
@@ -334,7 +338,16 @@ def build_version(
     ):
         mv.digest = current.digest  # the very tensors the serving version has
     elif isinstance(model, torch.nn.Module):
-        mv.digest = state_digest(model.state_dict())
+        state = model.state_dict()
+        if digest_now:
+            mv.digest = state_digest(state)
+        else:
+            # Hashed beside the warm-up and the swap, not before them: 1 GiB takes ~0.5 s,
+            # which an edit's first new answer need not wait for (op DIGEST waits for it).
+            mv.digest_future = digest_later(state)
+            mv.digest_future.add_done_callback(
+                lambda f: setattr(mv, "digest", None if f.exception() else f.result())
+            )
     mv.load_s = time.perf_counter() - started
     mv.footprint_bytes = max(0, allocated_bytes(device) - before)
     return mv

@@ -23,8 +23,8 @@ import torch
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader
-from hotreload.worker.fresh_source import compile_from_source
+from hotreload.worker import loader, weights_digest
+from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
@@ -60,6 +60,7 @@ class Worker:
         self.running = True
         #: CPUs builds run on, off the serving ones (None: the model is not pinned).
         self.build_cpus: list[int] | None = spec.get("build_cpus")
+        weights_digest.hash_on(self.build_cpus)  # hashing is build work, off serving CPUs
 
     # ------------------------------------------------------------------ plumbing
 
@@ -196,6 +197,7 @@ class Worker:
             current=reuse,
             base=h.get("base") if self.current is None else None,
             overlays=h.get("overlays") or (),
+            digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
         )
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
@@ -212,6 +214,7 @@ class Worker:
                 "input_form": mv.example_form,
                 "paused_s": pacer.paused_s,
                 "digest": mv.digest,
+                "digest_pending": mv.digest is None and mv.digest_future is not None,
                 "reused": mv.weights.reused,
                 "mapped": mv.weights.mapped,
                 "shared": mv.weights.shared.descriptor() if mv.weights.shared else None,
@@ -234,13 +237,7 @@ class Worker:
         return self.busy_total + (time.monotonic() - since if since is not None else 0.0)
 
     def _code_roots(self) -> list[Any]:
-        from pathlib import Path
-
-        roots = [Path(p) for p in self.spec.get("watch", [])]
-        entry_file = self.spec["entry"].get("file")
-        if entry_file:
-            roots.append(Path(entry_file).parent)
-        return roots
+        return code_roots(self.spec)
 
     def _target(self, name: str) -> ModelVersion:
         mv = {"staged": self.staged, "current": self.current}.get(name)
@@ -388,6 +385,23 @@ class Worker:
         outcome = self._sync_version(mv, float(h.get("deadline_s", 5.0)))
         self.send({"id": h["id"], "ok": True, **outcome})
 
+    def op_digest(self, frame: Frame) -> None:
+        """The serving version's digest, answered once its hashing is done (from the
+        hashing thread: no worker thread waits for it, and no build thread wakes up)."""
+        mv, rid = self.current, frame.header["id"]
+        fut = mv.digest_future if mv is not None else None
+        if fut is None:
+            self.send({"id": rid, "ok": True, "digest": mv.digest if mv else None})
+            return
+
+        def answer(done: Any) -> None:
+            if done.exception() is not None:
+                self.reply_error(rid, done.exception())
+            else:
+                self.send({"id": rid, "ok": True, "digest": done.result()})
+
+        fut.add_done_callback(answer)
+
     def op_status(self, frame: Frame) -> None:
         if frame.header.get("collect"):
             # A settled figure for leak checks: collect every generation, drop cached blocks.
@@ -435,6 +449,7 @@ class Worker:
             WorkerOp.RESTORE: (control_q, self.op_restore),
             WorkerOp.SYNC: (control_q, self.op_sync),
             WorkerOp.STATUS: (control_q, self.op_status),
+            WorkerOp.DIGEST: (control_q, self.op_digest),
             WorkerOp.PING: (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
         }
         self.send(

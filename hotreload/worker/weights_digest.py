@@ -29,10 +29,12 @@ Their shared bytes are hashed once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import struct
+import threading
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -55,7 +57,22 @@ def _threads() -> int:
     return max(1, min(MAX_THREADS, cpus))
 
 
+#: CPUs the hashing runs on (a worker's build CPUs; None: anywhere). Set with `hash_on`.
+_PIN: frozenset[int] | None = None
+
+
+def hash_on(cpus: frozenset[int] | list[int] | None) -> None:
+    """Hash on these CPUs only: off the serving worker's own (`cpus` in the config). Each
+    chunk re-pins its thread, because the manager moves every thread of a worker onto the
+    serving CPUs when that worker starts serving, the hashing ones among them."""
+    global _PIN
+    _PIN = frozenset(cpus) if cpus else None
+
+
 def _sha256(chunk: torch.Tensor) -> bytes:
+    if _PIN is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, _PIN)
     return hashlib.sha256(memoryview(chunk.numpy())).digest()
 
 
@@ -108,3 +125,19 @@ def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = Non
             for f in futures:
                 top.update(f.result())
     return "sha256:" + top.hexdigest()[:32]
+
+
+def digest_later(state: Mapping[str, torch.Tensor]) -> Future[str]:
+    """`state_digest` on a thread of its own: a reload's first new answer need not wait for
+    the hashing of a big model (about 0.5 s per GiB here). The thread ends with the hashing:
+    a worker keeps no thread of a build past it (on the build's CPUs, worker/placement.py)."""
+    fut: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(state_digest(state))
+        except BaseException as exc:
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name="hotreload-digest", daemon=True).start()
+    return fut

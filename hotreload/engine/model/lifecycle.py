@@ -47,6 +47,7 @@ async def run_start(sup: Supervisor) -> None:
     finally:
         sup.enter_phase(None)
     sup.install(worker, info)
+    await phases.settle_digest(runner)
     await snapshot_keeper.promote(sup, candidate)
     sup.ensure_watchdog()
 

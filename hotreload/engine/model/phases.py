@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
-from hotreload.engine.model.pushes import adopt_block
+from hotreload.engine.model.pushes import Overlay, WeightsPlan, adopt_block, plan_weights
 from hotreload.engine.model.record import VersionInfo
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 
@@ -94,6 +94,33 @@ class PhaseRunner:
 # ---------------------------------------------------------------------- build
 
 
+def weights_plan(
+    sup: Supervisor, worker: WorkerProcess, mode: str, push: Overlay | None = None
+) -> WeightsPlan:
+    """Where a build on `worker` takes its weights from (pushes.py has the rule)."""
+    rec = sup.record
+    block = rec.current.block if rec.current is not None else None
+    plan = plan_weights(
+        sup.model,
+        rec.overlays,
+        rec.weights_stat,
+        same_worker=worker is rec.serving and worker.alive,
+        restart=mode == "restart",
+        push=push,
+        serving_block=block.descriptor if block is not None else None,
+    )
+    if plan.lost:
+        ids = ", ".join(f"#{o.id}" for o in plan.lost)
+        sup.events.emit_once(
+            "model_note",
+            model=sup.name,
+            message=f"weights pushed over CUDA IPC ({ids}) cannot be read again by a new "
+            "worker: this build has the files' weights and the later pushes; push again to "
+            "serve them",
+        )
+    return plan
+
+
 async def build(
     runner: PhaseRunner,
     worker: WorkerProcess,
@@ -114,7 +141,7 @@ async def build(
     sup = runner.sup
     d = sup.model.deadlines
     info = VersionInfo(version=version)
-    plan = sup.weights_plan(worker, mode, job.push if job is not None else None)
+    plan = weights_plan(sup, worker, mode, job.push if job is not None else None)
     info.weights_stat, info.overlays = plan.stat, plan.overlays
     current = sup.record.current
     previous = current.outputs if current is not None and mode != "restart" else None
@@ -135,7 +162,7 @@ async def build(
         r = await worker.request(WorkerOp.LOAD, None, version=version, **fields, **pace())
         info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
         info.inputs, info.input_form = r["inputs"], r["input_form"]
-        info.digest = r.get("digest")
+        info.digest, info.digest_pending = r.get("digest"), bool(r.get("digest_pending"))
         if r.get("shared"):
             info.block = adopt_block(r["shared"])  # read from the files just now
         elif (r.get("reused") or r.get("mapped")) and sup.record.current is not None:
@@ -183,6 +210,25 @@ async def build(
     if job is not None:
         sup.warn_weights_override(job, info)
     return info
+
+
+async def settle_digest(runner: PhaseRunner) -> None:
+    """After the swap: the serving version's digest, which its worker hashed in the
+    background (a big model's first new answer did not wait for it)."""
+    sup = runner.sup
+    current, worker = sup.record.current, sup.record.serving
+    if current is None or not current.digest_pending or worker is None or not worker.alive:
+        return
+
+    async def digest() -> dict[str, Any]:
+        r = await worker.request(WorkerOp.DIGEST, None, deadline_s=sup.model.deadlines.load_s)
+        sup.note_digest(current, r.get("digest"))
+        return {"detail": f"weights {r.get('digest')} (hashed while it served)"}
+
+    try:
+        await runner.run("digest", digest, deadline_s=sup.model.deadlines.load_s + 5)
+    except PhaseFailed:
+        pass  # the version serves all the same; its digest stays unknown (None)
 
 
 async def own_swap(worker: WorkerProcess) -> None:

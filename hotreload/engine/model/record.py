@@ -50,6 +50,8 @@ class VersionInfo:
     #: Content digest of its weights (worker/weights_digest.py): equal weights, equal
     #: digest, whether they came from a file or a push. None: not a torch module.
     digest: str | None = None
+    #: The worker is still hashing its weights (phases.settle_digest asks for the digest).
+    digest_pending: bool = False
     #: The weights files as this version found them, and the pushes it holds.
     weights_stat: tuple[Any, ...] | None = None
     overlays: list[Overlay] = field(default_factory=list)

@@ -75,6 +75,7 @@ async def restart(sup: Supervisor, reason: str, *, wedged: bool = False) -> None
                 "worker_restarted", model=sup.name, pid=worker.pid, version=version, reason=reason
             )
             sup.install(worker, info)
+            await phases.settle_digest(runner)
             return
     finally:
         sup.enter_phase(None)

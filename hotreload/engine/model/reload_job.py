@@ -13,7 +13,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from hotreload.engine.checkpoint_ready import wait_until_complete
-from hotreload.engine.model import recovery, snapshot_keeper
+from hotreload.engine.model import phases, recovery, snapshot_keeper
 from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.model.phases import PhaseRunner
 from hotreload.engine.model.policy import choose_policy
@@ -37,6 +37,7 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
                 outcome.version = sup.version
                 if outcome.phase is None:
                     outcome.ok = True
+                    await phases.settle_digest(PhaseRunner(sup, outcome))
                     if job.push is None:  # a push changes no file: the snapshot holds
                         await snapshot_keeper.promote(sup, candidate)
                 if recovery.worker_lost(sup):

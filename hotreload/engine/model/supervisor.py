@@ -42,7 +42,7 @@ from hotreload.engine.model.jobs import (
     StartJob,
     UnloadJob,
 )
-from hotreload.engine.model.pushes import Overlay, WeightsPlan, plan_weights
+from hotreload.engine.model.pushes import Overlay
 from hotreload.engine.model.record import ModelRecord, VersionInfo
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.status import WorkerFigures, model_status
@@ -328,34 +328,13 @@ class ModelSupervisor:
     def count_restart(self) -> None:
         self.record.restarts += 1
 
+    def note_digest(self, info: VersionInfo, digest: str | None) -> None:
+        info.digest, info.digest_pending = digest, False
+        if info is self.record.current:
+            self.router.digest = digest
+
     def add_history(self, outcome: ReloadOutcome) -> None:
         self.record.history.append(outcome)
-
-    def weights_plan(
-        self, worker: WorkerProcess, mode: str, push: Overlay | None = None
-    ) -> WeightsPlan:
-        """Where a build on `worker` takes its weights from (pushes.py has the rule)."""
-        rec = self.record
-        block = rec.current.block if rec.current is not None else None
-        plan = plan_weights(
-            self.model,
-            rec.overlays,
-            rec.weights_stat,
-            same_worker=worker is rec.serving and worker.alive,
-            restart=mode == "restart",
-            push=push,
-            serving_block=block.descriptor if block is not None else None,
-        )
-        if plan.lost:
-            ids = ", ".join(f"#{o.id}" for o in plan.lost)
-            self.events.emit_once(
-                "model_note",
-                model=self.name,
-                message=f"weights pushed over CUDA IPC ({ids}) cannot be read again by a new "
-                "worker: this build has the files' weights and the later pushes; push again "
-                "to serve them",
-            )
-        return plan
 
     def set_good_snapshot(self, snapshot: Snapshot | None) -> Snapshot | None:
         """A restart comes back on `snapshot` from now on; returns the one it replaces."""
