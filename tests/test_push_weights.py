@@ -148,3 +148,24 @@ def test_min_version_waits_for_the_push_and_wait_version_is_bounded(served) -> N
     assert client.wait_version("mlp", 2) == 2
     with pytest.raises(RequestTimeoutError, match="version 5 did not serve"):
         client.wait_version("mlp", 5, timeout_s=0.5)
+
+
+def test_a_respawn_code_edit_replays_the_pushes_in_the_new_worker(tmp_path: Path, serve) -> None:  # type: ignore[no-untyped-def]
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
+    serve(config)
+    with Client(config=config, timeout_s=60) as client:
+        first = trained(file_state(config), 5)
+        client.update_weights("mlp", first)
+        head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
+        pushed = client.update_weights("mlp", head, strict=False)["digest"]
+        pid = status_of(client)["pid"]
+        model_py = config.parent / "model.py"
+        model_py.write_text(model_py.read_text() + "\n# an edit of the code only\n")
+        outcome = client.reload("mlp")["outcomes"][0]
+        assert outcome["ok"], outcome
+        assert status_of(client)["pid"] != pid, "built in another worker"
+        result = client.infer("mlp", X)
+        assert result.digest == pushed  # the files' weights, then both pushes, in order
+        expected = in_process(config, {**first, **head})
+        np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
