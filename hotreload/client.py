@@ -285,7 +285,7 @@ class Client:
     def reload(self, model: str | None = None, *, timeout_s: float | None = None) -> dict[str, Any]:
         """Ask the session to reload `model` (all models when None); waits for the outcome."""
         header: dict[str, Any] = {"op": "reload", "model": model, "trigger": "command"}
-        return self.call(header).header
+        return self.call(header, timeout_s=timeout_s).header
 
     def update_weights(
         self,

@@ -169,3 +169,20 @@ def test_a_respawn_code_edit_replays_the_pushes_in_the_new_worker(tmp_path: Path
         assert result.digest == pushed  # the files' weights, then both pushes, in order
         expected = in_process(config, {**first, **head})
         np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_full_push_lets_go_of_the_pushes_it_replaces(served) -> None:  # type: ignore[no-untyped-def]
+    """Found by benchmarks/train_eval.py: 52 pushes of 17 MiB left 887 MiB of memfds held."""
+    config, server, client = served
+    state = file_state(config)
+    for step in range(6):
+        client.update_weights("mlp", trained(state, step))
+    head = {k: v for k, v in trained(state, 9).items() if k.startswith("out.")}
+    client.update_weights("mlp", head, strict=False)
+    assert status_of(client)["pushes"] == 2  # the last full push, and the partial one on it
+
+    def memfds() -> int:
+        fds = Path(f"/proc/{server.proc.pid}/fd")
+        return sum("memfd:hotreload-state" in os.readlink(fd) for fd in fds.iterdir())
+
+    wait_until(lambda: memfds() == 2, 10, what="the replaced pushes' memory let go")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,19 @@ from typing import Any
 from hotreload.config import ModelConfig
 from hotreload.errors import BadRequestError
 from hotreload.protocol.shared_state import validate_descriptor
+
+#: Closes memfds on a thread of its own: the last reference to 1 GiB of shared memory
+#: frees its pages in close(2), 0.28 s measured, which must not stall the event loop.
+_CLOSER = ThreadPoolExecutor(1, thread_name_prefix="hotreload-memfd-close")
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def close_later(fd: int) -> None:
+    _CLOSER.submit(_close, fd)
 
 
 @dataclass
@@ -44,8 +58,7 @@ class Overlay:
 
     def close(self) -> None:
         if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
+            close_later(self.fd)
             self.fd = None
 
 
@@ -81,8 +94,7 @@ class WeightsBlock:
     descriptor: dict[str, Any]
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        close_later(self.fd)
 
 
 def adopt_block(descriptor: Any) -> WeightsBlock | None:
@@ -161,4 +173,16 @@ def plan_weights(
     base = serving_block if not same_worker and unchanged else None
     lost = [o for o in keep if not o.replayable and not reuse]
     keep = [o for o in keep if o not in lost] + ([push] if push is not None else [])
-    return WeightsPlan(stat, keep, reuse, push, lost, base)
+    return WeightsPlan(stat, superseded_dropped(keep), reuse, push, lost, base)
+
+
+def superseded_dropped(overlays: list[Overlay]) -> list[Overlay]:
+    """The pushes still needed: one whose every tensor a later push sets again is not
+    (a trainer pushing its whole state each time keeps one, not one per push)."""
+    needed: list[Overlay] = []
+    covered: set[str] = set()
+    for overlay in reversed(overlays):
+        if not set(overlay.names) <= covered:
+            needed.append(overlay)
+        covered |= set(overlay.names)
+    return needed[::-1]
