@@ -77,3 +77,62 @@ def test_a_respawn_code_edit_maps_the_weights_and_a_weights_edit_reads_them(
     loads = [e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "load"]
     assert "mapped" not in loads[-1]["detail"], loads[-1]
     assert client.infer("mlp", X).digest != before.digest
+
+
+BIG_MODEL = """
+import torch
+from torch import nn
+
+SCALE = 1.0
+
+
+class Wide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(1600, 1600)  # 9.8 MiB: above the snapshot's link size
+
+    def forward(self, x):
+        return self.layer(x) * SCALE
+
+
+def build():
+    return Wide()
+
+
+def example():
+    return torch.ones(1, 1600)
+"""
+
+
+def test_a_code_edit_of_a_model_with_a_linked_weights_file_shares_its_tensors(
+    tmp_path: Path, serve
+) -> None:  # type: ignore[no-untyped-def]
+    """The snapshot hard-links a weights file over 8 MiB, which moves its change time on
+    every reload: "unchanged" must not look at it (it did, and nothing was ever shared)."""
+    import safetensors.torch
+
+    proj = tmp_path / "big"
+    proj.mkdir()
+    (proj / "model.py").write_text(BIG_MODEL)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(1600, 1600)
+    safetensors.torch.save_file(
+        {"layer.weight": layer.weight.detach(), "layer.bias": layer.bias.detach()},
+        str(proj / "weights.safetensors"),
+    )
+    config = proj / "hotreload.toml"
+    config.write_text(
+        '[[models]]\nname = "wide"\nentry = "model.py:build"\nexample = "model.py:example"\n'
+        'weights = ["weights.safetensors"]\nthreads = 1\n'
+    )
+    serve(config)
+    client = Client(config=config, timeout_s=60)
+    for scale in ("2.0", "3.0"):
+        code = proj / "model.py"
+        code.write_text(code.read_text().replace("SCALE = 1.0", f"SCALE = {scale}", 1))
+        assert client.reload("wide")["outcomes"][0]["ok"]
+        loads = [
+            e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "load"
+        ]
+        assert "2 weight tensor(s) shared with the serving version" in loads[-1]["detail"], loads
+        code.write_text(BIG_MODEL)

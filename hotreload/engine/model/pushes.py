@@ -109,7 +109,8 @@ def adopt_block(descriptor: Any) -> WeightsBlock | None:
 
 
 def files_signature(model: ModelConfig) -> tuple[Any, ...]:
-    """(inode, size, mtime, ctime) of each weights file: any save or rename changes it."""
+    """(inode, size, mtime) of each weights file: any save or rename changes it. Not the
+    change time: the snapshot's hard link to a large file moves it on every reload."""
     out: list[Any] = []
     for path in model.weights:
         try:
@@ -117,7 +118,7 @@ def files_signature(model: ModelConfig) -> tuple[Any, ...]:
         except OSError:
             out.append(None)
             continue
-        out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
     return tuple(out)
 
 
