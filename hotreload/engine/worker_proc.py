@@ -87,6 +87,8 @@ def worker_spec(
         "env": dict(model.env),
         "allow_output_change": model.allow_output_change,
         "build_pace": model.build_pace,
+        # respawn: weights read from the files go into a block the next worker can map.
+        "shared_weights": model.strategy == "respawn",
         "expected_output": dict(model.expected_output) if model.expected_output else None,
         "max_frame_bytes": config.max_frame_bytes,
         "watch": [str(p) for p in model.watch],

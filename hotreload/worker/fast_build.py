@@ -106,11 +106,12 @@ def retie(model: torch.nn.Module, ties: Mapping[str, frozenset[str]], loaded: se
 
 
 def owned_tensors(
-    model: torch.nn.Module, state: dict[str, torch.Tensor]
+    model: torch.nn.Module, state: dict[str, torch.Tensor], *, shared: bool = False
 ) -> tuple[dict[str, torch.Tensor], SharedBlock | None]:
     """The file's tensors as memory of this process's own, in the dtype of the module's
-    (what copying into them did), ready to become its parameters; on the CPU, in one
-    shared block (shared_weights.py) a respawn worker can map instead of reading the files.
+    (what copying into them did), ready to become its parameters; on the CPU with
+    `shared`, in one block (shared_weights.py) a respawn worker can map instead of reading
+    the files (shared memory faults in slower than private: only when it will be mapped).
 
     A copy, on purpose: safetensors maps the file, and a parameter over the mapping would
     die with SIGBUS (the whole serving worker) when the file is rewritten in place
@@ -120,14 +121,16 @@ def owned_tensors(
     host: dict[str, torch.Tensor] = {}
     for key, t in state.items():
         mine = own.get(key)
+        converted = t.to(mine.dtype) if mine is not None and mine.dtype != t.dtype else None
         if t.device.type == "cpu":
-            host[key] = t.to(mine.dtype) if mine is not None and mine.dtype != t.dtype else t
-        elif mine is not None and mine.dtype != t.dtype:
-            out[key] = t.to(mine.dtype)
+            # Still over the file's mapping unless converted (a conversion is a copy).
+            host[key] = t if converted is None else converted
+            if converted is None and not shared:
+                host[key] = t.clone()
         else:
-            out[key] = t  # read onto the GPU: device memory of its own already
+            out[key] = t if converted is None else converted  # device memory of its own
     block = None
-    if host:
-        copies, block = copy_into_block(host)
-        out.update(copies)
+    if host and shared:
+        host, block = copy_into_block(host)
+    out.update(host)
     return out, block

@@ -303,6 +303,7 @@ def build_version(
             base=base,
             overlays=overlays,
             step_done=step_done,
+            shared=bool(spec.get("shared_weights")),
         )
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()

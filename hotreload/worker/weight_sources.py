@@ -130,6 +130,7 @@ def place_weights(
     base: Mapping[str, Any] | None = None,
     overlays: Sequence[Mapping[str, Any]] = (),
     step_done: Callable[[], None] = lambda: None,
+    shared: bool = False,
 ) -> PlacedWeights:
     """Fill `model`'s weights: the base (shared from `current`, or mapped from another
     worker's block `base`, else the files), then the `overlays` the base does not hold yet.
@@ -156,7 +157,9 @@ def place_weights(
         state, placed.not_reused = _mappable(model, base)
         placed.mapped, placed.keys = len(state), set(state)
     if not state and files:
-        placed.shared = load_weights(model, files, prefix, root=root, assign=True, device=device)
+        placed.shared = load_weights(
+            model, files, prefix, root=root, assign=True, device=device, shared=shared
+        )
         placed.keys = set(model.state_dict(keep_vars=True))
     step_done()
     applied = list(base_overlays)

@@ -226,12 +226,13 @@ def load_weights(
     root: str | None = None,
     assign: bool = False,
     device: torch.device | None = None,
+    shared: bool = False,
 ) -> SharedBlock | None:
     """Load the weights `files` into `model` strictly, tied parameters and `prefix` allowed
     for. `root` (the project folder) shortens the paths in messages. `assign`: the file's
     tensors become the parameters (no copy; see fast_build.py). `device`: a CUDA device the
-    files are read straight onto (no host copy of the whole state). Returns the shared
-    block host weights were placed in with `assign` (its owner closes it)."""
+    files are read straight onto (no host copy of the whole state). With `shared` (and
+    `assign`), host weights go into a shared block, returned (its owner closes it)."""
     if not files:
         return None
     if not isinstance(model, torch.nn.Module):
@@ -254,7 +255,7 @@ def load_weights(
     block = None
     try:
         if assign:
-            owned, block = owned_tensors(model, mapped)
+            owned, block = owned_tensors(model, mapped, shared=shared)
             model.load_state_dict(owned, strict=False, assign=True)
             retie(model, ties, set(mapped))
         else:
