@@ -166,7 +166,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from hotreload.check import check_main
+    from hotreload.commands.check import check_main
 
     return check_main(
         args.config, model=args.model, reloads=args.reloads, as_json=args.json, p99_ms=args.p99_ms
@@ -182,13 +182,13 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from hotreload.dashboard_cmd import dashboard_main
+    from hotreload.commands.dashboard import dashboard_main
 
     return dashboard_main(args.config, args.socket, owner=args.owner)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from hotreload.report import report_main
+    from hotreload.commands.report import report_main
 
     return report_main(args.config, args.html)
 
@@ -200,13 +200,13 @@ def _cmd_export_triton(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from hotreload.status_cmd import status_main
+    from hotreload.commands.status import status_main
 
     return status_main(args.config, as_json=args.json)
 
 
 def _cmd_reload(args: argparse.Namespace) -> int:
-    from hotreload.reload_cmd import reload_main
+    from hotreload.commands.reload import reload_main
 
     return reload_main(args.config, args.model, as_json=args.json)
 

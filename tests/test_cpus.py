@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from hotreload import Client
+from hotreload.commands.status import format_status
 from hotreload.config import ModelConfig, Threads, load_config
 from hotreload.engine.cpus import SUPPORTED, CpuPlan, format_cpus, plan_cpus
 from hotreload.engine.session import Session
 from hotreload.errors import ConfigError, HotreloadError
-from hotreload.status_cmd import format_status
 from tests.support import count_events, make_project, read_events, wait_until
 
 linux_only = pytest.mark.skipif(not SUPPORTED, reason="CPU affinity is a Linux API")

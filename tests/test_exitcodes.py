@@ -52,7 +52,8 @@ def test_exit_code_for(exc: BaseException, code: int) -> None:
 def test_the_cli_ends_an_escaped_error_in_its_message_and_code(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hotreload import cli, status_cmd
+    from hotreload import cli
+    from hotreload.commands import status as status_cmd
 
     def status_main(config: str | None, *, as_json: bool = False) -> int:
         raise HotreloadError("the state folder .hotreload is not yours")

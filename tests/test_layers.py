@@ -15,13 +15,13 @@ HEAVY = ("torch", "textual", "pynvml")
     [
         "hotreload.engine.session, hotreload.commands.serve, hotreload.engine.model",
         "hotreload.engine.router, hotreload.engine.endpoint, hotreload.engine.worker_proc",
-        "hotreload.client, hotreload.cli, hotreload.status_cmd, hotreload.reload_cmd",
-        "hotreload.session_call, hotreload.check, hotreload.engine.model.respawn",
+        "hotreload.client, hotreload.cli, hotreload.commands.status, hotreload.commands.reload",
+        "hotreload.session_call, hotreload.commands.check, hotreload.engine.model.respawn",
         "hotreload.engine.checkpoint_ready",
         "hotreload.engine.model.recovery, hotreload.engine.watcher, hotreload.commands.watch",
         "hotreload, hotreload.config, hotreload.protocol, hotreload.runtime",
         "hotreload.commands.dashboard_ops, hotreload.commands.watch_dashboard",
-        "hotreload.dashboard_cmd, hotreload.protocol.frame_protocol",
+        "hotreload.commands.dashboard, hotreload.protocol.frame_protocol",
         "hotreload.export.triton, hotreload.export.local_triton, hotreload.export.bundle",
     ],
 )

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from hotreload import Client
+from hotreload.commands.status import format_status
 from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
-from hotreload.status_cmd import format_status
 from tests.support import Traffic, count_events, make_project, read_events, wait_until
 
 X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)

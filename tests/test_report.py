@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hotreload.report import (
+from hotreload.commands.report import (
     MEMORY_DOT,
     PHASE_COLOURS,
     RELOAD_WINDOW,

@@ -16,9 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from hotreload.check_progress import LiveProgress
-from hotreload.check_results import ModelReport, Step, format_report, format_step, report_json
 from hotreload.colour import wants_colour
+from hotreload.commands.check_progress import LiveProgress
+from hotreload.commands.check_results import (
+    ModelReport,
+    Step,
+    format_report,
+    format_step,
+    report_json,
+)
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.model import PhaseFailed
