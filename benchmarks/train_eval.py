@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import scale
 from common import Server, percentile, read_events
 
 PY = sys.executable
@@ -102,51 +103,17 @@ warmup_iters = 2
 request_timeout_s = 30.0
 """
 
-WIDE_MODEL = """
-import torch
-from torch import nn
-
-WIDTH, DEPTH = {width}, {depth}
-
-
-class Wide(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH))
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = torch.tanh(b(x))
-        return x
-
-
-def build():
-    return Wide()
-
-
-def example():
-    return torch.ones(1, WIDTH)
-"""
-
-WIDE_CONFIG = """
-[[models]]
-name = "wide"
-entry = "model.py:build"
-example = "model.py:example"
-weights = ["weights.safetensors"]
-threads = 1
-warmup_iters = 1
-[models.deadlines]
-load_s = 600
-"""
+#: Part 2's models are benchmarks/scale.py's `Wide`, at its sizes (its SCALE stays 1.0).
+WIDE_MODEL = scale.MODEL
+WIDE_CONFIG = scale.CONFIG.format(strategy="inplace")
 #: The THP server of part 2 (`--no-thp` leaves it out): torch's CPU allocator backs large
 #: tensors by transparent huge pages.
 THP_ENV = """[models.env]
 THP_MEM_ALLOC_ENABLE = "1"
 """
 
-#: MiB of float32 weights -> (width, depth) of `Wide` (benchmarks/scale.py's shapes).
-SHAPES = {10: (512, 10), 100: (1024, 25), 1024: (4096, 16)}
+#: MiB of float32 weights -> (width, depth) of `Wide`.
+SHAPES = scale.SHAPES
 #: The eval model of part 1: 256 -> 1024 x 4 -> 10, about 17 MiB of float32.
 NET = {"inp": 256, "hidden": 1024, "depth": 4, "out": 10}
 

@@ -100,9 +100,8 @@ class ModelRouter:
         self.unavailable_reason: str | None = None
         #: Set at a hand-over until its timer: the new worker waits for the old one.
         self._holding = False
-        #: The version serving now and its weights' digest (set by the supervisor).
+        #: The version serving now (set by the supervisor).
         self.version = 0
-        self.digest: str | None = None
         #: Requests asking for a version not serving yet (`min_version`), oldest first.
         self._parked: list[Request] = []
         self._version_waiters: list[tuple[int, asyncio.Future[int]]] = []
@@ -339,9 +338,9 @@ class ModelRouter:
 
     # ------------------------------------------------------------------ reload support
 
-    def serving_version(self, version: int, digest: str | None) -> None:
+    def serving_version(self, version: int) -> None:
         """`version` serves from now on: release what waited for it."""
-        self.version, self.digest = version, digest
+        self.version = version
         for n, fut in self._version_waiters:
             if n <= version and not fut.done():
                 fut.set_result(version)

@@ -52,8 +52,6 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
         # A bug of ours, not the user's: say so with the traceback, keep reloading.
         outcome = sup.not_run(job.trigger, job.detail, f"internal error during the reload: {exc!r}")
         outcome.traceback = traceback.format_exc()
-    if job.push is not None and job.push not in sup.record.overlays:
-        job.push.close()  # it never served: its memory goes back
     outcome.total_s = time.monotonic() - started
     sup.note_error(outcome.error if not outcome.ok else None)
     sup.add_history(outcome)

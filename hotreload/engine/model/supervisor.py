@@ -330,8 +330,6 @@ class ModelSupervisor:
 
     def note_digest(self, info: VersionInfo, digest: str | None) -> None:
         info.digest, info.digest_pending = digest, False
-        if info is self.record.current:
-            self.router.digest = digest
 
     def add_history(self, outcome: ReloadOutcome) -> None:
         self.record.history.append(outcome)
@@ -396,7 +394,7 @@ class ModelSupervisor:
             if open_gate:
                 self.router.open_gate()
         # Last: requests waiting for this version (`min_version`) go to its worker.
-        self.router.serving_version(info.version, info.digest)
+        self.router.serving_version(info.version)
 
     def keep_standby(
         self, worker: WorkerProcess, *, recycled: int = 0, after: str | None = None
