@@ -287,3 +287,24 @@ async def test_unload_then_reload_goes_on_from_the_last_version(make: Make) -> N
         await request(sup)
     outcome = await sup.reload("http")
     assert outcome.ok and outcome.version == 3, "a version number never names two builds"
+
+
+@stepped
+async def test_no_phase_is_left_showing_after_a_start_whose_digest_came_late(make: Make) -> None:
+    script = Script()
+    sup = make(script)
+    real = script.answer
+
+    async def pending_digest(worker, op, fields):  # type: ignore[no-untyped-def]
+        reply = await real(worker, op, fields)
+        if op == WorkerOp.LOAD:
+            reply["digest_pending"] = True
+        elif op == WorkerOp.DIGEST:
+            reply["digest"] = "sha256:" + "0" * 32
+        return reply
+
+    script.answer = pending_digest  # type: ignore[method-assign]
+    await sup.start()
+    assert WorkerOp.DIGEST in script.ops()
+    assert sup.current is not None and sup.current.digest == "sha256:" + "0" * 32
+    assert sup.reload_phase is None, sup.reload_phase

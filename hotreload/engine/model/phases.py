@@ -229,6 +229,10 @@ async def settle_digest(runner: PhaseRunner) -> None:
         await runner.run("digest", digest, deadline_s=sup.model.deadlines.load_s + 5)
     except PhaseFailed:
         pass  # the version serves all the same; its digest stays unknown (None)
+    finally:
+        # It runs after the version went live: no phase of the job is left showing (the
+        # dashboard read "serving (digest)" after a start).
+        sup.enter_phase(None)
 
 
 async def own_swap(worker: WorkerProcess) -> None:
