@@ -22,6 +22,7 @@ import torch
 
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.ops import WorkerOp
+from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
 from hotreload.worker import loader, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
@@ -203,24 +204,21 @@ class Worker:
             # No allocator on the CPU: the resident-set growth is the closest figure.
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
         self.staged = mv
-        self.send(
-            {
-                "id": h["id"],
-                "ok": True,
-                "load_s": mv.load_s,
-                "footprint_bytes": mv.footprint_bytes,
-                "reimported": len(dropped),
-                "inputs": mv.input_signature,
-                "input_form": mv.example_form,
-                "paused_s": pacer.paused_s,
-                "digest": mv.digest,
-                "digest_pending": mv.digest is None and mv.digest_future is not None,
-                "reused": mv.weights.reused,
-                "mapped": mv.weights.mapped,
-                "shared": mv.weights.shared.descriptor() if mv.weights.shared else None,
-                "not_reused": mv.weights.not_reused if reuse is not None else None,
-            }
+        reply = LoadReply(
+            load_s=mv.load_s,
+            footprint_bytes=mv.footprint_bytes,
+            inputs=mv.input_signature,
+            input_form=mv.example_form,
+            reimported=len(dropped),
+            paused_s=pacer.paused_s,
+            digest=mv.digest,
+            digest_pending=mv.digest is None and mv.digest_future is not None,
+            reused=mv.weights.reused,
+            mapped=mv.weights.mapped,
+            shared=mv.weights.shared.descriptor() if mv.weights.shared else None,
+            not_reused=mv.weights.not_reused if reuse is not None else None,
         )
+        self.send({"id": h["id"], "ok": True, **reply.wire()})
 
     def _pacer(self, header: dict[str, Any]) -> Pacer:
         """Paces a build on the loader thread while this worker's serving thread is busy,
@@ -254,15 +252,8 @@ class Worker:
         pacer = self._pacer(h) if mv is not self.current else None
         iters = int(h.get("iters", self.spec.get("warmup_iters", 3)))
         loader.warm(mv, iters, pacer.step_done if pacer else no_pause)
-        self.send(
-            {
-                "id": h["id"],
-                "ok": True,
-                "warm_s": mv.warm_s,
-                "passes_ms": mv.warm_passes_ms,
-                "paused_s": pacer.paused_s if pacer else 0.0,
-            }
-        )
+        reply = WarmReply(mv.warm_s, mv.warm_passes_ms, pacer.paused_s if pacer else 0.0)
+        self.send({"id": h["id"], "ok": True, **reply.wire()})
 
     def op_smoke(self, frame: Frame) -> None:
         h = frame.header
@@ -279,15 +270,16 @@ class Worker:
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
         )
-        reply = {"id": h["id"], "ok": True, "outputs": sig, "notes": mv.notes}
+        reply = SmokeReply(outputs=sig, notes=list(mv.notes))
         if self.spec.get("weights"):
             # The manager compares it across versions: a code edit whose output stays the same
-            # to the bit was overridden by the weights (engine/model/reload_job.py warns).
-            reply["output_digest"] = example_digest(
+            # to the bit was overridden by the weights (engine/model/override_check.py).
+            reply.output_digest = example_digest(
                 lambda: loader.forward(mv, mv.example_form, mv.example)
             )
         pacer.step_done()
-        self.send({**reply, "paused_s": pacer.paused_s})
+        reply.paused_s = pacer.paused_s
+        self.send({"id": h["id"], "ok": True, **reply.wire()})
 
     # ------------------------------------------------------------------ control (reader thread)
 
@@ -374,10 +366,10 @@ class Worker:
 
     def _sync_version(self, mv: ModelVersion | None, deadline_s: float) -> dict[str, Any]:
         if self.device.type != "cuda":
-            return {"skipped": True, "reason": "CPU device: no CUDA streams"}
+            return SyncReply(skipped=True, reason="CPU device: no CUDA streams").wire()
         from hotreload.worker.sync import sync_streams
 
-        return {"skipped": False, **sync_streams(mv.version if mv else None, deadline_s)}
+        return sync_streams(mv.version if mv else None, deadline_s)
 
     def op_sync(self, frame: Frame) -> None:
         h = frame.header

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hotreload import runtime
+from hotreload.protocol.replies import SyncReply
 from hotreload.worker.streams import StreamRef, raw_stream_ref, wait_streams_idle
 
 
@@ -22,9 +23,9 @@ def _ref(reg: runtime.RegisteredStream) -> StreamRef:
 def sync_streams(version: int | None, deadline_s: float) -> dict[str, Any]:
     refs = [_ref(r) for r in runtime.streams_for(version)]
     outcome = wait_streams_idle(refs, deadline_s)
-    return {
-        "idle": outcome.idle,
-        "busy": list(outcome.busy),
-        "streams": [r.name for r in refs],
-        "waited_s": outcome.waited_s,
-    }
+    return SyncReply(
+        idle=outcome.idle,
+        busy=list(outcome.busy),
+        streams=[r.name for r in refs],
+        waited_s=outcome.waited_s,
+    ).wire()

@@ -16,6 +16,7 @@ from typing import Any
 from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
 from hotreload.protocol.framing import Frame
 from hotreload.protocol.ops import WorkerOp
+from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 
 INPUTS = [{"name": "x", "dtype": "float32", "shape": [1, 4]}]
 OUTPUTS = [{"name": "output", "dtype": "float32", "shape": [1, 4]}]
@@ -60,24 +61,20 @@ class Script:
             await worker.unless_dead(gate.wait())
         if op in self.fail_next:
             raise WorkerReplyError(self.fail_next.pop(op))
+        # The replies the real worker builds (protocol/replies.py), as the wire carries them.
         if op == WorkerOp.LOAD:
             worker.staged = int(fields["version"])
-            return {
-                "load_s": 0.001,
-                "footprint_bytes": 0,
-                "inputs": INPUTS,
-                "input_form": "single",
-                "reimported": 1,
-            }
+            return LoadReply(0.001, 0, INPUTS, "single", reimported=1).wire()
         if op == WorkerOp.WARM:
-            return {"warm_s": 0.001, "passes_ms": [1.0]}
+            return WarmReply(0.001, [1.0]).wire()
         if op == WorkerOp.SMOKE:
-            return {"outputs": OUTPUTS}
+            return SmokeReply(OUTPUTS).wire()
         if op == WorkerOp.SWAP:
             worker.version, worker.staged = worker.staged, None
-            return {"sync": {"skipped": True, "reason": "cpu"}} if fields.get("inband") else {}
+            sync = SyncReply(skipped=True, reason="cpu").wire()
+            return {"sync": sync} if fields.get("inband") else {}
         if op == WorkerOp.SYNC:
-            return {"skipped": True, "reason": "no CUDA streams on the CPU"}
+            return SyncReply(skipped=True, reason="no CUDA streams on the CPU").wire()
         return {}
 
 

@@ -1,7 +1,10 @@
-"""The model's state record has one writer: the supervisor (engine/model/supervisor.py).
+"""A model's state has one writer: engine/model/state.py.
 
-Phases, strategies, recovery and every reader outside engine/model/ change it only through
-the supervisor's state-change methods, so one place says how a model's state can move.
+Its record (which worker serves, which version, the state shown, the standby, the history)
+and its router's admission (the gate, the worker requests go to, what a refused request is
+told) change only through `ModelState`'s methods. The supervisor decides; phases,
+strategies, recovery and every reader outside engine/model/ ask it, so one page says how a
+model's state can move.
 """
 
 from __future__ import annotations
@@ -10,17 +13,51 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hotreload"
-WRITER = PACKAGE / "engine" / "model" / "supervisor.py"
+WRITER = PACKAGE / "engine" / "model" / "state.py"
+#: The router's own module changes its own fields, of course.
+ROUTER = PACKAGE / "engine" / "router.py"
+#: ModelRouter methods that change what it admits or where requests go.
+ROUTER_MUTATORS = frozenset(
+    {
+        "open_gate",
+        "close_gate",
+        "handover",
+        "fail_queued",
+        "refuse_until_reload",
+        "serving_version",
+    }
+)
+#: ModelRouter fields that say where requests go and what they are checked against.
+ROUTER_FIELDS = frozenset({"worker", "unavailable_reason", "input_form", "input_signature"})
 
 
-def _record_writes(tree: ast.AST) -> list[int]:
-    """Lines assigning to `<x>.record.<attr>`, or to `rec.<attr>` where `rec` was bound to
-    some `<x>.record`."""
-    aliases: set[str] = set()
+def _aliases(tree: ast.AST, attr: str) -> set[str]:
+    """Names bound to `<x>.<attr>` (`rec = sup.record`, `router = self.router`)."""
+    names: set[str] = set()
     for node in ast.walk(tree):
-        value = getattr(node, "value", None)
-        if isinstance(node, ast.Assign) and getattr(value, "attr", None) == "record":
-            aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        if isinstance(node, ast.Assign):
+            pairs = []
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += list(zip(target.elts, node.value.elts, strict=False))
+                else:
+                    pairs.append((target, node.value))
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and getattr(v, "attr", None) == attr:
+                    names.add(t.id)
+    return names
+
+
+def _is(base: ast.expr, attr: str, aliases: set[str]) -> bool:
+    return (isinstance(base, ast.Attribute) and base.attr == attr) or (
+        isinstance(base, ast.Name) and base.id in aliases
+    )
+
+
+def _state_writes(tree: ast.AST) -> list[int]:
+    """Lines assigning to a field of `<x>.record` or `<x>.router` (or an alias of one),
+    and calls of the router's admission methods."""
+    records, routers = _aliases(tree, "record"), _aliases(tree, "router")
     lines = []
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
@@ -28,28 +65,43 @@ def _record_writes(tree: ast.AST) -> list[int]:
             targets = node.targets
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ROUTER_MUTATORS
+            and _is(node.func.value, "router", routers)
+        ):
+            lines.append(node.lineno)
         for target in targets:
             for t in target.elts if isinstance(target, ast.Tuple) else [target]:
                 if not isinstance(t, ast.Attribute):
                     continue
-                base = t.value
-                if (isinstance(base, ast.Attribute) and base.attr == "record") or (
-                    isinstance(base, ast.Name) and base.id in aliases
+                if _is(t.value, "record", records) or (
+                    t.attr in ROUTER_FIELDS and _is(t.value, "router", routers)
                 ):
                     lines.append(t.lineno)
-    return lines
+    return sorted(lines)
 
 
-def test_only_the_supervisor_writes_a_models_record() -> None:
+def test_only_the_model_state_writes_a_models_record_and_router() -> None:
     writers = {
         path.relative_to(PACKAGE).as_posix(): lines
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path != WRITER and (lines := _record_writes(ast.parse(path.read_text())))
+        if path not in (WRITER, ROUTER) and (lines := _state_writes(ast.parse(path.read_text())))
     }
-    assert writers == {}, f"write the record through ModelSupervisor's methods: {writers}"
-    assert _record_writes(ast.parse(WRITER.read_text())), "the check finds the real writer"
+    assert writers == {}, f"change a model's state through ModelState's methods: {writers}"
+    assert _state_writes(ast.parse(WRITER.read_text())), "the check finds the real writer"
 
 
-def test_the_check_sees_a_write_through_an_alias() -> None:
-    code = "def f(sup):\n    rec = sup.record\n    rec.state = 'x'\n    sup.record.restarts += 1\n"
-    assert _record_writes(ast.parse(code)) == [3, 4]
+def test_the_check_sees_writes_through_aliases_and_router_calls() -> None:
+    code = (
+        "def f(sup):\n"
+        "    rec = sup.record\n"
+        "    rec.state = 'x'\n"
+        "    sup.record.restarts += 1\n"
+        "    router = sup.router\n"
+        "    router.close_gate()\n"
+        "    sup.router.worker = None\n"
+        "    sup.router.inflight\n"
+    )
+    assert _state_writes(ast.parse(code)) == [3, 4, 6, 7]

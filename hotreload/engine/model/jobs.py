@@ -10,13 +10,16 @@ into a single follow-up, and a restart asked for twice for the same worker runs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from hotreload.engine.model.pushes import Overlay
+    from hotreload.engine.model.record import VersionInfo
     from hotreload.engine.worker_proc import WorkerProcess
 
 
@@ -52,11 +55,38 @@ class PhaseFailed(Exception):
     def __init__(self, phase: str, message: str, remote_traceback: str | None = None) -> None:
         self.phase = phase
         self.remote_traceback = remote_traceback
+        #: A worker whose build failed in the user's code but is fit to build the next
+        #: version: the strategy asks for it to be kept as the standby (respawn).
+        self.standby: WorkerProcess | None = None
+        self.recycled = 0
         super().__init__(message)
 
 
 class Wedged(PhaseFailed):
     """Drain or sync past its deadline: the worker must be killed."""
+
+
+@dataclass
+class Built:
+    """What a strategy built: the worker with the new version staged or swapped in."""
+
+    worker: WorkerProcess
+    info: VersionInfo
+    #: The worker switched to the version on its own side already (a worker of its own);
+    #: False: it is staged beside the version the same worker serves (inplace).
+    swapped: bool
+    #: What the build noted for the outcome (a retry in a fresh process).
+    detail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Retired:
+    """What became of the old worker or version after a swap (the release phase)."""
+
+    result: dict[str, Any]
+    #: The old worker, kept as the next standby (respawn), with its reuse count.
+    standby: WorkerProcess | None = None
+    recycled: int = 0
 
 
 @dataclass
@@ -90,9 +120,6 @@ class ReloadJob(Job):
     detail: list[str] = field(default_factory=list)
     #: Only weights files changed: the code need not be imported again.
     weights_only: bool = False
-    #: A trainer's push (pushes.py): the serving code with these weights on top. Pushes
-    #: never merge: each one is a version of its own, answered with its own digest.
-    push: Overlay | None = None
 
     def merge(self, trigger: str, detail: list[str], weights_only: bool) -> None:
         if trigger not in self.trigger.split("+"):
@@ -111,6 +138,17 @@ class RestartJob(Job):
     wedged: bool = False
     #: The worker to replace; the job does nothing once another one serves.
     worker: WorkerProcess | None = None
+
+
+@dataclass
+class PushJob(Job):
+    """A trainer's weights as the next version (pushes.py): the serving code with these
+    weights on top, built in the serving worker. Pushes never merge: each one is a version
+    of its own, answered with its own digest."""
+
+    kind: ClassVar[str] = "push"
+    push: Overlay | None = None
+    detail: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -134,12 +172,7 @@ class JobQueue:
     def add(self, job: Job) -> Job:
         """Queue `job`, or return the queued job that already covers it."""
         for queued in self._jobs:
-            if (
-                isinstance(job, ReloadJob)
-                and isinstance(queued, ReloadJob)
-                and job.push is None
-                and queued.push is None
-            ):
+            if isinstance(job, ReloadJob) and isinstance(queued, ReloadJob):
                 queued.merge(job.trigger, job.detail, job.weights_only)
                 return queued
             if (
@@ -163,3 +196,51 @@ class JobQueue:
         jobs = list(self._jobs)
         self._jobs.clear()
         return jobs
+
+
+class JobLoop:
+    """Runs jobs one at a time, in order, on a task of its own: `run(job)` does each, and
+    `after()` runs between jobs (the standby worker starts then, never beside a build)."""
+
+    def __init__(
+        self, name: str, run: Callable[[Job], Awaitable[None]], after: Callable[[], None]
+    ) -> None:
+        self.name, self._run, self._after = name, run, after
+        self._queue = JobQueue()
+        self._running: Job | None = None
+        self._loop: asyncio.Task[None] | None = None
+        self._job: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def busy(self) -> bool:
+        """A job runs or waits."""
+        return self._running is not None or len(self._queue) > 0
+
+    def submit(self, job: Job) -> Job:
+        """Queue `job` (or the queued job that covers it, jobs collapse: JobQueue)."""
+        if self._loop is None:
+            self._loop = asyncio.create_task(self._jobs(), name=f"jobs-{self.name}")
+        return self._queue.add(job)
+
+    async def _jobs(self) -> None:
+        while not self.closed:
+            job = await self._queue.next()
+            self._running = job
+            self._job = asyncio.create_task(self._run(job), name=f"{job.kind}-{self.name}")
+            await asyncio.wait([self._job])
+            self._running = self._job = None
+            if not self.closed:
+                self._after()
+
+    async def close(self) -> list[Job]:
+        """No job runs any more: the running one is cancelled (a build can take minutes);
+        returns the queued ones, never run, for the caller to answer."""
+        self.closed = True
+        queued = self._queue.drain()
+        for task in (self._job, self._loop):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        return queued

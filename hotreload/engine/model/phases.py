@@ -1,12 +1,14 @@
-"""The phases every job is made of, as functions, and the runner that times them.
+"""The phase vocabulary: each step a job is made of, written once, as a function of the
+worker it acts on and what it needs, returning what it found. None of them changes the
+model's state: the supervisor runs them (its `run` times each one, emits its events and
+turns a worker's error into `PhaseFailed` naming the phase) and makes the changes itself.
 
-A `PhaseRunner` runs one phase: it tells the supervisor which phase is running (Xid reports
-are tagged with it), times it into the reload's outcome, emits `phase_start`/`phase_end`
-(reloads; a start or a restart runs the same phases quietly), and turns a worker's error,
-death or a missed deadline into `PhaseFailed` naming the phase.
-
-`build` is the one load -> warm -> smoke path: a model's first start, a restart after a
-death and every reload go through it.
+    build      load -> warm -> smoke of a version, staged beside the serving one
+    bring_up   spawn -> build -> the worker's own swap (a start, a restart, a new worker)
+    sync       wait, to the sync deadline, for a version's CUDA streams
+    inband     the serving worker's swap behind the requests already sent to it
+    offload    park the old version in host memory (resource policy), `restore` it back
+    release    free the version a swap retired
 """
 
 from __future__ import annotations
@@ -14,30 +16,56 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
-from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
-from hotreload.engine.model.pushes import Overlay, WeightsPlan, adopt_block, plan_weights
-from hotreload.engine.model.record import VersionInfo
+from hotreload.config import ModelConfig
+from hotreload.config.models import Deadlines
+from hotreload.engine.checkpoint_ready import wait_until_complete
+from hotreload.engine.events import EventBus
+from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
+from hotreload.engine.model.pushes import Overlay, WeightsBlock, adopt_block, plan_weights
+from hotreload.engine.model.record import ModelRecord, VersionInfo
+from hotreload.engine.model.workers import WorkerFactory
+from hotreload.engine.router import ModelRouter
+from hotreload.engine.snapshots import code_paths
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
-
-if TYPE_CHECKING:
-    from hotreload.engine.model.context import Supervisor
+from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 
 T = TypeVar("T")
 MIB = 2**20
 
 
-class PhaseRunner:
-    """Runs the phases of one job; `announce=False` for a start or a restart (their
-    progress shows as states, and the dashboard's reload history is for reloads)."""
+class RunPhase(Protocol):
+    """Runs one phase: `await run("load", fn, deadline_s=..., state=...)` (`PhaseClock.run`)."""
+
+    async def __call__(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        deadline_s: float | None = None,
+        state: str | None = None,
+    ) -> T: ...
+
+
+class PhaseClock:
+    """Runs the phases of one job: knows which phase runs (the model's `phase`: Xid
+    reports are tagged with it), times each into the reload's outcome, emits
+    `phase_start`/`phase_end` (reloads only: a start or a restart shows as states), and
+    turns a worker's error, death or a missed deadline into `PhaseFailed` naming it."""
 
     def __init__(
-        self, sup: Supervisor, outcome: ReloadOutcome | None = None, *, announce: bool = True
+        self,
+        model: str,
+        events: EventBus,
+        outcome: ReloadOutcome | None,
+        set_state: Callable[[str], None],
     ) -> None:
-        self.sup = sup
-        self.outcome = outcome
-        self.announce = announce and outcome is not None
+        self.model, self.events, self.outcome = model, events, outcome
+        self._set_state = set_state
+        self.phase: str | None = None
 
     async def run(
         self,
@@ -47,12 +75,11 @@ class PhaseRunner:
         deadline_s: float | None = None,
         state: str | None = None,
     ) -> T:
-        sup = self.sup
-        sup.enter_phase(name)
+        self.phase = name
         if state:
-            sup.set_state(state)
-        if self.announce:
-            sup.events.emit("phase_start", model=sup.name, phase=name)
+            self._set_state(state)
+        if self.outcome is not None:
+            self.events.emit("phase_start", model=self.model, phase=name)
         t0 = time.monotonic()
         detail: str | None = None
         ok, skipped = True, False
@@ -79,10 +106,9 @@ class PhaseRunner:
             duration = time.monotonic() - t0
             if self.outcome is not None:
                 self.outcome.phases[name] = duration
-            if self.announce:
-                sup.events.emit(
+                self.events.emit(
                     "phase_end",
-                    model=sup.name,
+                    model=self.model,
                     phase=name,
                     duration_s=duration,
                     ok=ok,
@@ -91,152 +117,115 @@ class PhaseRunner:
                 )
 
 
-# ---------------------------------------------------------------------- build
+@dataclass
+class BuildSpec:
+    """What a build of one version needs to know, made by the supervisor from its record."""
+
+    version: int
+    model: ModelConfig
+    #: The user's code (None: what the worker was started with).
+    code: dict[str, Any] | None
+    reimport: bool = True
+    #: "start", "restart", "cold" (a reload with no worker serving) or "reload".
+    mode: str = "reload"
+    #: The weights as the serving version holds them (pushes.plan_weights has the rule).
+    serving: WorkerProcess | None = None
+    overlays: list[Overlay] = field(default_factory=list)
+    weights_stat: tuple[Any, ...] | None = None
+    #: The serving version's weights block (respawn: another worker maps it).
+    serving_block: WeightsBlock | None = None
+    push: Overlay | None = None
+    #: The serving version's outputs, for the smoke test's comparison.
+    previous_outputs: list[dict[str, Any]] | None = None
+    #: The states shown during load and warm (None: leave the state as it is).
+    load_state: str | None = None
+    warm_state: str | None = None
+    #: True while another worker is serving requests (a build elsewhere then paces itself).
+    serving_busy: Callable[[], bool] = lambda: False
 
 
-def weights_plan(
-    sup: Supervisor, worker: WorkerProcess, mode: str, push: Overlay | None = None
-) -> WeightsPlan:
-    """Where a build on `worker` takes its weights from (pushes.py has the rule)."""
-    rec = sup.record
-    block = rec.current.block if rec.current is not None else None
+async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> VersionInfo:
+    """load -> warm -> smoke of `spec.version` on `worker`, as its staged version. The
+    weights are the files', the pushes since laid over them, and `spec.push` on top."""
+    d = spec.model.deadlines
+    info = VersionInfo(version=spec.version)
     plan = plan_weights(
-        sup.model,
-        rec.overlays,
-        rec.weights_stat,
-        same_worker=worker is rec.serving and worker.alive,
-        restart=mode == "restart",
-        push=push,
-        serving_block=block.descriptor if block is not None else None,
+        spec.model,
+        spec.overlays,
+        spec.weights_stat,
+        same_worker=worker is spec.serving and worker.alive,
+        restart=spec.mode == "restart",
+        push=spec.push,
+        serving_block=spec.serving_block.descriptor if spec.serving_block else None,
     )
+    info.weights_stat, info.overlays = plan.stat, plan.overlays
     if plan.lost:
         ids = ", ".join(f"#{o.id}" for o in plan.lost)
-        sup.events.emit_once(
-            "model_note",
-            model=sup.name,
-            message=f"weights pushed over CUDA IPC ({ids}) cannot be read again by a new "
-            "worker: this build has the files' weights and the later pushes; push again to "
-            "serve them",
+        info.notes.append(
+            f"weights pushed over CUDA IPC ({ids}) cannot be read again by a new worker: "
+            "this build has the files' weights and the later pushes; push again to serve them"
         )
-    return plan
-
-
-async def build(
-    runner: PhaseRunner,
-    worker: WorkerProcess,
-    version: int,
-    *,
-    code: dict[str, Any] | None,
-    reimport: bool = True,
-    mode: str = "reload",
-    job: ReloadJob | None = None,
-) -> VersionInfo:
-    """load -> warm -> smoke of `version` on `worker`, as its staged version.
-
-    `mode` is "start" (the model's first worker: states loading, warming), "restart" (the
-    state stays "restarting"), "cold" (a reload with no worker serving) or "reload". The
-    weights are the files' with the pushes since laid over them (`sup.weights_plan`), and
-    a `job.push` on top.
-    """
-    sup = runner.sup
-    d = sup.model.deadlines
-    info = VersionInfo(version=version)
-    plan = weights_plan(sup, worker, mode, job.push if job is not None else None)
-    info.weights_stat, info.overlays = plan.stat, plan.overlays
-    current = sup.record.current
-    previous = current.outputs if current is not None and mode != "restart" else None
 
     def pace() -> dict[str, Any]:
         # A build in another process (respawn) competes with the requests for the CPU only:
-        # the worker paces it while another worker is serving some (build_pace). Not while
-        # the gate is closed or no worker serves: then requests wait for the build, and
-        # pausing it would only make them wait longer.
-        serving, router = sup.record.serving, sup.router
-        live = serving is not None and serving.alive and router.gate_open
-        return {"serving_elsewhere": worker is not serving and live and router.inflight > 0}
+        # the worker paces it while another worker is serving some (build_pace).
+        return {"serving_elsewhere": worker is not spec.serving and spec.serving_busy()}
 
     async def load() -> dict[str, Any]:
-        fields: dict[str, Any] = {"reimport": reimport, **plan.wire()}
-        if code is not None:
-            fields["code"] = code
-        r = await worker.request(WorkerOp.LOAD, None, version=version, **fields, **pace())
-        info.load_s, info.footprint_bytes = r["load_s"], r["footprint_bytes"]
-        info.inputs, info.input_form = r["inputs"], r["input_form"]
-        info.digest, info.digest_pending = r.get("digest"), bool(r.get("digest_pending"))
-        if r.get("shared"):
-            info.block = adopt_block(r["shared"])  # read from the files just now
-        elif (r.get("reused") or r.get("mapped")) and sup.record.current is not None:
-            info.block = sup.record.current.block  # the same memory, shared or mapped
-        what = f"{r.get('reimported', 0)} module(s) re-imported" if reimport else "weights only"
-        if r.get("reused"):
-            what += f", {r['reused']} weight tensor(s) shared with the serving version"
-        elif r.get("mapped"):
-            what += f", {r['mapped']} weight tensor(s) mapped from the serving worker's memory"
-        elif r.get("not_reused"):
-            what += f", weights read from the files ({r['not_reused']})"
+        fields: dict[str, Any] = {"reimport": spec.reimport, **plan.wire()}
+        if spec.code is not None:
+            fields["code"] = spec.code
+        wire = await worker.request(WorkerOp.LOAD, None, version=spec.version, **fields, **pace())
+        r = LoadReply.from_wire(wire)
+        info.load_s, info.footprint_bytes = r.load_s, r.footprint_bytes
+        info.inputs, info.input_form = r.inputs, r.input_form
+        info.digest, info.digest_pending = r.digest, r.digest_pending
+        if r.shared:
+            info.block = adopt_block(r.shared)  # read from the files just now
+        elif (r.reused or r.mapped) and spec.serving_block is not None:
+            info.block = spec.serving_block  # the same memory, shared or mapped
+        what = f"{r.reimported} module(s) re-imported" if spec.reimport else "weights only"
+        if r.reused:
+            what += f", {r.reused} weight tensor(s) shared with the serving version"
+        elif r.mapped:
+            what += f", {r.mapped} weight tensor(s) mapped from the serving worker's memory"
+        elif r.not_reused:
+            what += f", weights read from the files ({r.not_reused})"
         if plan.push is not None:
             what += f", {len(plan.push.names)} tensor(s) pushed"
-        detail = f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"
-        return {"detail": detail}
+        return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
 
     async def warm() -> dict[str, Any]:
-        r = await worker.request(
-            WorkerOp.WARM, None, target="staged", iters=sup.model.warmup_iters, **pace()
+        wire = await worker.request(
+            WorkerOp.WARM, None, target="staged", iters=spec.model.warmup_iters, **pace()
         )
-        info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
+        r = WarmReply.from_wire(wire)
+        info.warm_s, info.warm_passes_ms = r.warm_s, r.passes_ms
         passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
         return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms{paced(r)}"}
 
     async def smoke() -> dict[str, Any]:
-        r = await worker.request(
-            WorkerOp.SMOKE, None, target="staged", previous_outputs=previous, **pace()
+        wire = await worker.request(
+            WorkerOp.SMOKE,
+            None,
+            target="staged",
+            previous_outputs=spec.previous_outputs,
+            **pace(),
         )
-        info.outputs, info.output_digest = r["outputs"], r.get("output_digest")
-        sup.note(r.get("notes"))
+        r = SmokeReply.from_wire(wire)
+        info.outputs, info.output_digest = r.outputs, r.output_digest
+        info.notes.extend(r.notes)
         sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
         return {"detail": sig + paced(r)}
 
-    if mode == "start":
-        load_state, warm_state = "loading", "warming"
-    elif mode == "restart":
-        load_state = warm_state = None
-    else:
-        cold = mode == "cold"
-        load_state = "loading" if cold or not sup.router.gate_open else "reloading"
-        warm_state = "warming" if cold else None
-    await runner.run("load", load, deadline_s=d.load_s, state=load_state)
-    await runner.run("warm", warm, deadline_s=d.warm_s, state=warm_state)
-    await runner.run("smoke", smoke, deadline_s=d.smoke_s)
-    if job is not None:
-        sup.warn_weights_override(job, info)
+    await run("load", load, deadline_s=d.load_s, state=spec.load_state)
+    await run("warm", warm, deadline_s=d.warm_s, state=spec.warm_state)
+    await run("smoke", smoke, deadline_s=d.smoke_s)
     return info
 
 
-async def settle_digest(runner: PhaseRunner) -> None:
-    """After the swap: the serving version's digest, which its worker hashed in the
-    background (a big model's first new answer did not wait for it)."""
-    sup = runner.sup
-    current, worker = sup.record.current, sup.record.serving
-    if current is None or not current.digest_pending or worker is None or not worker.alive:
-        return
-
-    async def digest() -> dict[str, Any]:
-        r = await worker.request(WorkerOp.DIGEST, None, deadline_s=sup.model.deadlines.load_s)
-        sup.note_digest(current, r.get("digest"))
-        return {"detail": f"weights {r.get('digest')} (hashed while it served)"}
-
-    try:
-        await runner.run("digest", digest, deadline_s=sup.model.deadlines.load_s + 5)
-    except PhaseFailed:
-        pass  # the version serves all the same; its digest stays unknown (None)
-    finally:
-        # It runs after the version went live: no phase of the job is left showing (the
-        # dashboard read "serving (digest)" after a start).
-        sup.enter_phase(None)
-
-
 async def own_swap(worker: WorkerProcess) -> None:
-    """A worker of its own (start, restart, respawn): its staged version becomes current."""
+    """A worker's staged version becomes its current one (no requests of its own yet)."""
     try:
         await worker.request(WorkerOp.SWAP, 30.0)
     except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
@@ -244,115 +233,213 @@ async def own_swap(worker: WorkerProcess) -> None:
 
 
 async def bring_up(
-    runner: PhaseRunner,
-    version: int,
+    run: RunPhase,
+    workers: WorkerFactory,
+    spec: BuildSpec,
     *,
-    code: dict[str, Any] | None,
-    mode: str,
-    job: ReloadJob | None = None,
     spawn_phase: str = "spawn",
+    on_spawned: Callable[[WorkerProcess], None] | None = None,
 ) -> tuple[WorkerProcess, VersionInfo]:
-    """A fresh worker with `version` built and switched to on its side (not yet serving)."""
-    sup = runner.sup
-    box: list[WorkerProcess] = []
-
-    async def spawn() -> dict[str, Any]:
-        box.append(await sup.spawn(code, phase=spawn_phase))
-        return {"detail": f"worker pid {box[0].pid}"}
-
-    await runner.run(spawn_phase, spawn, deadline_s=sup.model.deadlines.start_s)
-    worker = box[0]
-    if mode == "start":
-        sup.set_state("loading", pid=worker.pid)
-    try:
-        info = await build(runner, worker, version, code=code, mode=mode, job=job)
-        await own_swap(worker)
-    except BaseException:
-        await worker.kill()  # failed, or cancelled (shutdown): never leave a process behind
-        raise
-    return worker, info
+    """A fresh worker with `spec.version` built and switched to on its side (not serving
+    yet). The worker is killed if anything fails or the job is cancelled."""
+    async with workers.spawning(spec.code, phase=spawn_phase, run=run) as held:
+        if on_spawned is not None:
+            on_spawned(held.worker)
+        info = await build(run, held.worker, spec)
+        await own_swap(held.worker)
+        return held.keep(), info
 
 
 # ---------------------------------------------------------------------- around a swap
 
 
-async def gate_drain_sync(runner: PhaseRunner, worker: WorkerProcess) -> None:
-    """Stop admission, wait for the requests in flight, then for the old streams."""
-    sup = runner.sup
-    router, d = sup.router, sup.model.deadlines
+async def sync(worker: WorkerProcess, sync_s: float) -> dict[str, Any]:
+    """Wait, to the sync deadline, for the current version's streams on `worker`."""
+    r = SyncReply.from_wire(
+        await worker.request(WorkerOp.SYNC, sync_s + 5.0, which="current", deadline_s=sync_s)
+    )
+    if r.skipped:
+        return {"skipped": True, "reason": r.reason}
+    if not r.idle:
+        busy = ", ".join(r.busy) or "?"
+        raise Wedged("sync", f"stream(s) still busy after the {sync_s:g} s sync deadline: {busy}")
+    return {"detail": f"{len(r.streams)} stream(s) idle in {r.waited_s * 1000:.1f} ms"}
 
-    async def gate() -> None:
-        router.close_gate()
+
+async def in_band(
+    run: RunPhase,
+    worker: WorkerProcess,
+    deadlines: Deadlines,
+    router: ModelRouter,
+    install: Callable[[], None],
+) -> None:
+    """gate, drain, sync, swap and release of a version built in the serving worker,
+    without pausing admission. The swap goes to the worker's serving thread behind the
+    requests already sent: when it runs they have all finished (the drain); the thread then
+    polls the old version's streams to the sync deadline (the sync) and switches, and
+    `install` points the model at the new version. New requests keep flowing meanwhile and
+    queue behind the swap, so serving never stops."""
+    found: list[dict[str, Any]] = []
+    drain_wait_s, sync_s, stop_s = deadlines.drain_wait_s, deadlines.sync_s, deadlines.stop_s
+
+    async def gate() -> dict[str, Any]:
+        return {"skipped": True, "reason": "in-band swap: admission stays open"}
 
     async def drain() -> dict[str, Any]:
         n = router.inflight
-        if not await router.drain(d.drain_wait_s):
+        try:
+            wire = await worker.request(
+                WorkerOp.SWAP, drain_wait_s + sync_s, inband=True, sync_deadline_s=sync_s
+            )
+        except TimeoutError:
             raise Wedged(
                 "drain",
-                f"{router.inflight} request(s) still running after the "
-                f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
-            )
-        return {"detail": f"{n} in flight, {router.depth} waiting in the queue"}
+                "requests sent before the swap still running after the "
+                f"{drain_wait_s:g} s drain deadline: a forward is hung",
+            ) from None
+        except WorkerReplyError as exc:
+            if exc.code == "streams_busy":
+                raise Wedged("sync", str(exc)) from None
+            raise
+        found.append(wire.get("sync") or {"skipped": True, "reason": "not reported"})
+        return {"detail": f"{n} request(s) in flight finished before the swap"}
 
-    await runner.run("gate", gate, state="draining")
-    await runner.run("drain", drain)
-    await runner.run("sync", lambda: sync_streams(runner.sup, worker))
+    async def sync() -> dict[str, Any]:
+        r = SyncReply.from_wire(found[0])
+        if r.skipped:
+            return {"skipped": True, "reason": r.reason}
+        n, ms = len(r.streams), r.waited_s * 1000
+        return {"detail": f"{n} stream(s) idle after {ms:.1f} ms (polled by the worker)"}
 
+    async def swap() -> None:
+        install()
 
-async def sync_streams(sup: Supervisor, worker: WorkerProcess) -> dict[str, Any]:
-    """Wait, to the sync deadline, for the serving version's streams on `worker`."""
-    d = sup.model.deadlines
-    r = await worker.request(WorkerOp.SYNC, d.sync_s + 5.0, which="current", deadline_s=d.sync_s)
-    if r.get("skipped"):
-        return {"skipped": True, "reason": r.get("reason")}
-    if not r.get("idle"):
-        busy = ", ".join(r.get("busy") or []) or "?"
-        raise Wedged("sync", f"stream(s) still busy after the {d.sync_s:g} s sync deadline: {busy}")
-    n, ms = len(r.get("streams", [])), r["waited_s"] * 1000
-    return {"detail": f"{n} stream(s) idle in {ms:.1f} ms"}
-
-
-async def resume(runner: PhaseRunner) -> None:
-    async def resume() -> None:
-        runner.sup.router.open_gate()
-        runner.sup.set_state("serving", version=runner.sup.record.version)
-
-    await runner.run("resume", resume)
+    await run("gate", gate)
+    await run("drain", drain)
+    await run("sync", sync)
+    await run("swap", swap)
+    await run("release", lambda: release(worker, "retired", stop_s))
 
 
-async def offload_old(runner: PhaseRunner, worker: WorkerProcess) -> None:
-    """The resource policy's release: park the old version in host memory, to restore it
-    if the new one fails."""
-
-    async def release() -> dict[str, Any]:
-        await worker.request(WorkerOp.OFFLOAD, runner.sup.model.deadlines.stop_s)
-        return {"detail": "old version moved to host memory (kept to restore on failure)"}
-
-    await runner.run("release", release)
+async def offload(worker: WorkerProcess, stop_s: float) -> dict[str, Any]:
+    """The resource policy's release: the old version goes to host memory, to restore if
+    the new one fails."""
+    await worker.request(WorkerOp.OFFLOAD, stop_s)
+    return {"detail": "old version moved to host memory (kept to restore on failure)"}
 
 
-async def restore_old(sup: Supervisor, worker: WorkerProcess) -> None:
-    """Resource policy, after a failed build: put the offloaded old version back and serve.
-
-    A worker that died, or cannot restore, is left dead: the supervisor then restarts it on
-    the last good snapshot.
-    """
+async def restore(worker: WorkerProcess, load_s: float) -> str | None:
+    """After a failed build (resource policy): the offloaded old version back. Returns why
+    it could not be (the worker is then killed, and restarted by the supervisor)."""
     if not worker.alive:
-        return
+        return None
     try:
-        await worker.request(WorkerOp.RESTORE, sup.model.deadlines.load_s)
+        await worker.request(WorkerOp.RESTORE, load_s)
     except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
-        sup.events.emit(
-            "restore_failed",
-            model=sup.name,
-            error=f"{exc}; restarting the worker on the last good version",
-        )
         await worker.kill()
-        return
-    sup.router.open_gate()
+        return f"{exc}; restarting the worker on the last good version"
+    return None
 
 
-def paced(reply: dict[str, Any]) -> str:
+async def release(worker: WorkerProcess, which: str, stop_s: float) -> dict[str, Any]:
+    """Free one of the worker's versions ("retired" after a swap, "staged" after a failed
+    build) and empty the allocator cache."""
+    r = await worker.request(WorkerOp.RELEASE, stop_s, which=which)
+    return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
+
+
+async def digest(worker: WorkerProcess, load_s: float) -> str | None:
+    """The serving version's weights digest, which its worker hashed while it served."""
+    r = await worker.request(WorkerOp.DIGEST, None, deadline_s=load_s)
+    return r.get("digest")
+
+
+def paced(reply: Any) -> str:
     """How long a build step paused for the requests being served (build_pace), if at all."""
-    paused = float(reply.get("paused_s") or 0.0)
+    paused = float(getattr(reply, "paused_s", 0.0) or 0.0)
     return f"; paused {paused * 1000:.0f} ms for requests being served" if paused else ""
+
+
+async def wait_for_checkpoints(run: RunPhase, model: ModelConfig, events: EventBus) -> None:
+    """A weights file still being written (a trainer's save) is waited for, to
+    `deadlines.checkpoint_s`, instead of failing to load: a phase only when it has to wait,
+    and a failed one, naming each file, when the wait runs out. A missing file is the
+    load's to report, at once: nothing is writing it."""
+    files = [p for p in model.weights if p.exists()]
+    if not files or not await wait_until_complete(files, deadline_s=0):
+        return  # complete (one look at each file's structure): no phase to show
+    deadline = model.deadlines.checkpoint_s
+    waited: list[str] = []
+
+    def on_wait(path: Path, problem: str) -> None:
+        waited.append(f"{path.name} ({problem})")
+        events.emit(
+            "checkpoint_wait",
+            model=model.name,
+            file=str(path),
+            message=f"waiting up to {deadline:g} s for {path.name} to be complete ({problem})",
+        )
+
+    async def checkpoint() -> dict[str, Any]:
+        left = await wait_until_complete(files, deadline_s=deadline, on_wait=on_wait)
+        if left:
+            problems = "; ".join(f"{p.name}: {why}" for p, why in left.items())
+            raise PhaseFailed(
+                "checkpoint",
+                f"weights still incomplete after the {deadline:g} s checkpoint deadline "
+                f"({problems}); save to a temporary file and rename it over the old one",
+            )
+        return {"detail": "waited for " + "; ".join(waited)}
+
+    await run("checkpoint", checkpoint)
+
+
+def make_spec(
+    model: ModelConfig,
+    root: Path,
+    record: ModelRecord,
+    router: ModelRouter,
+    mode: str,
+    *,
+    job_code: bool,
+    weights_only: bool = False,
+    push: Overlay | None = None,
+) -> BuildSpec:
+    """What the next build needs from a model's record. `mode`: "start", "restart", "cold"
+    or "reload"; `job_code`: the build takes the user's code from the files (a reload; not
+    a push, which runs the serving code again, nor the first start)."""
+    current = record.current
+    if mode == "start":
+        load_state, warm_state = "loading", "warming"
+    elif mode == "restart":
+        load_state = warm_state = None
+    else:
+        cold = mode == "cold"
+        load_state = "loading" if cold or not router.gate_open else "reloading"
+        warm_state = "warming" if cold else None
+    if mode == "restart":
+        code = code_paths(model, root, record.good_snapshot)
+    else:
+        code = code_paths(model, root) if job_code else None
+
+    def serving_busy() -> bool:
+        serving = record.serving
+        live = serving is not None and serving.alive and router.gate_open
+        return live and router.inflight > 0
+
+    return BuildSpec(
+        version=(record.version or 1) if mode == "restart" else record.next_version,
+        model=model,
+        code=code,
+        reimport=(not weights_only) if job_code else mode in ("start", "restart"),
+        mode=mode,
+        serving=record.serving,
+        overlays=record.overlays,
+        weights_stat=record.weights_stat,
+        serving_block=current.block if current is not None else None,
+        push=push,
+        previous_outputs=current.outputs if current is not None and mode != "restart" else None,
+        load_state=load_state,
+        warm_state=warm_state,
+        serving_busy=serving_busy,
+    )

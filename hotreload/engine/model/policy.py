@@ -4,32 +4,50 @@ measured footprint with margin."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psutil
 
+from hotreload.config import ModelConfig
+from hotreload.engine.events import EventBus
 from hotreload.engine.memory_limits import cgroup_memory
 from hotreload.engine.model.phases import MIB
-
-if TYPE_CHECKING:
-    from hotreload.engine.model.context import Supervisor
+from hotreload.engine.model.record import VersionInfo
+from hotreload.engine.worker_proc import WorkerProcess
 
 #: Headroom `auto` wants above the new version's footprint before it loads next to the old.
 AUTO_MARGIN_BYTES = 256 * MIB
 AUTO_MARGIN_RATIO = 0.2
 
 
-async def choose_policy(sup: Supervisor) -> tuple[str, str]:
-    """(policy, why) for the next reload."""
-    configured = sup.model.policy
+async def choose_policy(
+    model: ModelConfig,
+    current: VersionInfo | None,
+    worker: WorkerProcess | None,
+    worker_status: Callable[[], Awaitable[dict[str, Any]]],
+    events: EventBus,
+) -> str:
+    """The policy of the next reload, said with why as a `policy` event."""
+    policy, reason = await _choose(model, current, worker, worker_status)
+    events.emit("policy", model=model.name, policy=policy, reason=reason)
+    return policy
+
+
+async def _choose(
+    model: ModelConfig,
+    current: VersionInfo | None,
+    worker: WorkerProcess | None,
+    worker_status: Callable[[], Awaitable[dict[str, Any]]],
+) -> tuple[str, str]:
+    configured = model.policy
     if configured != "auto":
         return configured, "set in the config"
-    current, worker = sup.record.current, sup.record.serving
     need = current.footprint_bytes if current else 0
     # Only a GPU worker reports device memory; asking a CPU one costs its serving thread a
     # moment of the GIL for nothing.
     on_cpu = worker is not None and worker.device == "cpu"
-    status = {} if on_cpu else await sup.worker_status()
+    status = {} if on_cpu else await worker_status()
     memory = status.get("device_memory")
     if memory:
         free, where = int(memory["free_bytes"]), f"{worker.device if worker else ''}"

@@ -57,6 +57,8 @@ class VersionInfo:
     overlays: list[Overlay] = field(default_factory=list)
     #: The block of shared memory its file weights live in (CPU; pushes.WeightsBlock).
     block: WeightsBlock | None = None
+    #: What its build said once (outputs left out of replies, pushes it could not read).
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -74,13 +76,11 @@ class ModelRecord:
     #: The highest version this session served: a load after an unload goes on from it, so
     #: a version number never names two different builds within a session.
     last_version: int = 0
-    #: One per worker process started (a worker's name in its logs).
-    generation: int = 0
     restarts: int = 0
     state: str = "stopped"
     last_error: str | None = None
-    #: The phase of the job running now (events and Xid reports are tagged with it).
-    phase: str | None = None
+    #: The phase runner of the job running now (phases.PhaseClock).
+    clock: Any = None
     #: Copy of the code and weights of the version serving now (None: use the disk).
     good_snapshot: Snapshot | None = None
     #: Every reload's outcome, oldest first.
@@ -92,6 +92,11 @@ class ModelRecord:
     #: files let a build share the serving version's tensors instead of reading them.
     weights_stat: tuple[Any, ...] | None = None
     started_at: float = field(default_factory=time.time)
+
+    @property
+    def phase(self) -> str | None:
+        """The phase of the job running now (events and Xid reports are tagged with it)."""
+        return self.clock.phase if self.clock is not None else None
 
     @property
     def version(self) -> int:

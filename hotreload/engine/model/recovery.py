@@ -7,162 +7,235 @@ marked failed and its requests answered with why.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
-from hotreload.engine.model import phases
-from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, RestartJob
-from hotreload.engine.model.phases import PhaseRunner
-from hotreload.engine.snapshots import code_paths
+from hotreload.engine.locks import DeviceLocks
+from hotreload.engine.model import phases, snapshot_keeper
+from hotreload.engine.model.jobs import Job, PhaseFailed, ReloadOutcome, RestartJob
+from hotreload.engine.model.phases import BuildSpec, make_spec
+from hotreload.engine.model.state import ModelState
+from hotreload.engine.model.workers import WorkerFactory
+from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.errors import WorkerUnavailableError
-
-if TYPE_CHECKING:
-    from hotreload.engine.model.context import Supervisor
 
 #: Tries of a restart before the model is marked failed (0.2 s, then doubling, between).
 RESTART_ATTEMPTS = 3
 
 
-async def run_restart_job(sup: Supervisor, job: RestartJob) -> None:
-    rec = sup.record
-    if job.worker is not rec.serving or rec.state in ("failed", "unloaded"):
-        return  # already replaced (by the reload it queued behind), or given up on
-    hung = sup.router.oldest_inflight_age() > sup.model.deadlines.forward_s
-    if job.wedged and job.worker is not None and job.worker.alive and not hung:
-        sup.set_state("serving", version=sup.version)  # the forward finished after all
-        return
-    async with sup.device_lock():
-        await restart(sup, job.reason, wedged=job.wedged)
-
-
-async def restart(sup: Supervisor, reason: str, *, wedged: bool = False) -> None:
-    """Replace a dead or wedged worker with a fresh one serving the same version."""
-    rec = sup.record
-    sup.router.close_gate()
-    sup.set_state("restarting", reason=reason)
+async def restart(
+    st: ModelState,
+    workers: WorkerFactory,
+    spec: BuildSpec,
+    reason: str,
+    *,
+    escalate: Callable[[], Awaitable[None]] | None,
+    closed: Callable[[], bool],
+) -> None:
+    """Replace a dead or wedged worker with a fresh one serving the same version (`spec`,
+    made for mode "restart" on the last good snapshot). `escalate`: a wedged worker's GPU
+    reset, where `[gpu] reset` allows one."""
+    rec = st.record
+    st.close_gate()
+    st.set_state("restarting", reason=reason)
     old = rec.serving
     if old is not None and old.alive:
         await old.kill()
-    if wedged and sup.escalate is not None:
-        # The GPU layer decides (config `[gpu] reset`) whether a reset is allowed now.
-        await sup.escalate(sup)
-    version = rec.version or 1
-    code = code_paths(sup.model, sup.config.root, rec.good_snapshot)
-    _tell_rewritten(sup, version)
-    runner = PhaseRunner(sup)
+    if escalate is not None:
+        await escalate()
+    told = snapshot_keeper.rewritten_message(rec.good_snapshot, spec.version)
+    if told is not None:
+        st.events.emit("snapshot_rewritten", model=st.name, files=told[0], message=told[1])
+    run = st.runner(None)
     delay = 0.2
     try:
         for attempt in range(1, RESTART_ATTEMPTS + 1):
-            if sup.closed:
+            if closed():
                 return
             try:
-                worker, info = await phases.bring_up(
-                    runner, version, code=code, mode="restart", spawn_phase="start"
-                )
+                worker, info = await phases.bring_up(run, workers, spec, spawn_phase="start")
             except PhaseFailed as exc:
-                sup.note_error(f"restart {attempt}/{RESTART_ATTEMPTS} failed in {exc.phase}: {exc}")
-                sup.events.emit(
-                    "restart_failed",
-                    model=sup.name,
-                    attempt=attempt,
-                    phase=exc.phase,
+                st.note_error(f"restart {attempt}/{RESTART_ATTEMPTS} failed in {exc.phase}: {exc}")
+                st.events.emit(
+                    "restart_failed", model=st.name, attempt=attempt, phase=exc.phase,
                     error=str(exc),
-                )
+                )  # fmt: skip
                 await asyncio.sleep(delay)
                 delay *= 2
                 continue
-            sup.count_restart()
-            sup.events.emit(
-                "worker_restarted", model=sup.name, pid=worker.pid, version=version, reason=reason
+            st.count_restart()
+            st.events.emit(
+                "worker_restarted",
+                model=st.name,
+                pid=worker.pid,
+                version=spec.version,
+                reason=reason,
             )
-            sup.install(worker, info)
-            await phases.settle_digest(runner)
+            st.install(worker, info)
             return
     finally:
-        sup.enter_phase(None)
-    sup.set_state("failed", error=rec.last_error)
-    sup.router.unavailable_reason = (
-        f"model {sup.name!r} has no worker: {rec.last_error}; fix the error and save, "
-        "or run `hotreload reload`"
-    )
-    sup.router.fail_queued(
+        st.job_done()
+    st.set_state("failed", error=rec.last_error)
+    st.refuse(
+        f"model {st.name!r} has no worker: {rec.last_error}; fix the error and save, "
+        "or run `hotreload reload`",
         WorkerUnavailableError(
-            f"model {sup.name!r}: worker could not be restarted: {rec.last_error}"
-        )
+            f"model {st.name!r}: worker could not be restarted: {rec.last_error}"
+        ),
     )
 
 
-def _tell_rewritten(sup: Supervisor, version: int) -> None:
-    good = sup.record.good_snapshot
-    rewritten = good.rewritten() if good else []
-    if rewritten:
-        sup.events.emit(
-            "snapshot_rewritten",
-            model=sup.name,
-            files=[str(p) for p in rewritten],
-            message=f"{', '.join(p.name for p in rewritten)} rewritten in place since "
-            f"v{version} loaded (large files are linked, not copied): the restart loads "
-            "the current contents; save weights to a new file and rename it over the old "
-            "to keep a restart on the last good bytes",
-        )
-
-
-def worker_lost(sup: Supervisor) -> bool:
+def worker_lost(st: ModelState, closed: bool) -> bool:
     """The serving worker died and nothing is bringing it back yet."""
-    rec = sup.record
+    rec = st.record
     return (
         rec.serving is not None
         and not rec.serving.alive
-        and not sup.closed
+        and not closed
         and rec.state not in ("failed", "unloaded")
     )
 
 
-async def restart_lost_worker(sup: Supervisor, outcome: ReloadOutcome) -> None:
-    """The worker died during a reload's phases: restart it within the reload's job."""
-    assert sup.record.serving is not None
-    died = sup.record.serving.exit_reason or "worker died"
-    await restart(sup, reason=f"{died} during the reload")
-    if sup.state == "serving":
-        note = f"the worker died ({died}) and was restarted with v{sup.version}"
-    else:
-        note = f"the worker died ({died}) and could not be restarted: {sup.record.last_error}"
-    outcome.version = sup.version
-    if outcome.ok:
-        outcome.detail.append(note)  # it died after the new version went live
-    else:
-        outcome.error = f"{outcome.error}; {note}"
+def lost_note(st: ModelState, died: str) -> str:
+    """What a reload says of a worker that died during it, once the restart is done."""
+    if st.record.state == "serving":
+        return f"the worker died ({died}) and was restarted with v{st.record.version}"
+    return f"the worker died ({died}) and could not be restarted: {st.record.last_error}"
 
 
-async def recover_wedge(sup: Supervisor, exc: PhaseFailed, outcome: ReloadOutcome) -> None:
-    """A reload's drain or sync passed its deadline: kill the worker and restart it."""
-    sup.events.emit("wedged", model=sup.name, phase=exc.phase, detail=str(exc))
-    sup.set_state("wedged", phase=exc.phase)
-    # cudaStreamSynchronize may never return: only killing the process gets out.
-    await restart(sup, reason=f"wedged in {exc.phase}", wedged=True)
-    outcome.error = (
-        f"{exc}; the worker was killed and restarted with v{sup.version}"
-        if sup.state == "serving"
-        else f"{exc}; the worker was killed and could not be restarted: {sup.record.last_error}"
-    )
+def wedge_note(st: ModelState, exc: PhaseFailed) -> str:
+    """What a wedged reload says once the worker was killed and restarted (or not)."""
+    if st.record.state == "serving":
+        return f"{exc}; the worker was killed and restarted with v{st.record.version}"
+    return f"{exc}; the worker was killed and could not be restarted: {st.record.last_error}"
 
 
-async def watch_forwards(sup: Supervisor, interval_s: float = 0.25) -> None:
-    """Queue a restart for a worker whose oldest in-flight request exceeds forward_s. Not
-    while a job runs: a reload's drain behind the hung forward hits its own deadline and
-    recovers, and a restart queued then would only find the worker replaced."""
-    limit = sup.model.deadlines.forward_s
-    while not sup.closed:
-        await asyncio.sleep(min(interval_s, limit / 4))
-        age = sup.router.oldest_inflight_age()
-        worker = sup.record.serving
-        if age > limit and worker is not None and worker.alive and not sup.busy:
-            sup.set_state("wedged", forward_s=age)
-            sup.events.emit(
+def hung_forward(st: ModelState, busy: bool) -> float | None:
+    """The age of a forward hung past `forward_s` on a live serving worker, when no job runs
+    (a reload's drain behind it hits its own deadline and recovers), else None."""
+    age = st.router.oldest_inflight_age()
+    worker = st.record.serving
+    if age > st.model.deadlines.forward_s and worker is not None and worker.alive and not busy:
+        return age
+    return None
+
+
+class Recovery:
+    """A model's restarts: after a death, a hung forward (the watchdog) or a wedged reload.
+    The supervisor owns it and calls it; it asks for jobs through `submit` only."""
+
+    def __init__(
+        self,
+        st: ModelState,
+        workers: WorkerFactory,
+        root: Path,
+        locks: DeviceLocks,
+        submit: Callable[[Job], Any],
+    ) -> None:
+        self.st, self.workers, self.root, self.locks = st, workers, root, locks
+        self.submit = submit
+        #: The session's GPU reset after a wedged worker was killed (`[gpu] reset`).
+        self.escalate: Callable[[], Awaitable[None]] | None = None
+        self.closed = False
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def restart(self, reason: str, *, wedged: bool = False) -> None:
+        """Replace a dead or wedged worker with a fresh one serving the same version."""
+        st = self.st
+        spec = make_spec(st.model, self.root, st.record, st.router, "restart", job_code=False)
+        await restart(
+            st,
+            self.workers,
+            spec,
+            reason,
+            escalate=self.escalate if wedged else None,
+            closed=lambda: self.closed,
+        )
+        if st.record.state == "serving":
+            await st.settle_digest(st.runner(None))
+
+    async def run_job(self, job: RestartJob) -> None:
+        st = self.st
+        if job.worker is not st.record.serving or st.record.state in ("failed", "unloaded"):
+            return  # already replaced (by the reload it queued behind), or given up on
+        hung = st.router.oldest_inflight_age() > st.model.deadlines.forward_s
+        if job.wedged and job.worker is not None and job.worker.alive and not hung:
+            st.set_state("serving", version=st.record.version)  # it finished after all
+            return
+        async with st.device_lock(self.locks):
+            await self.restart(job.reason, wedged=job.wedged)
+
+    async def wedged(self, exc: PhaseFailed) -> str:
+        """A reload's drain or sync passed its deadline: kill the worker and restart it
+        (cudaStreamSynchronize may never return: only killing the process gets out)."""
+        st = self.st
+        st.events.emit("wedged", model=st.name, phase=exc.phase, detail=str(exc))
+        st.set_state("wedged", phase=exc.phase)
+        await self.restart(f"wedged in {exc.phase}", wedged=True)
+        return wedge_note(st, exc)
+
+    def lost(self) -> bool:
+        return worker_lost(self.st, self.closed)
+
+    async def restart_if_lost(self, outcome: ReloadOutcome) -> None:
+        """The worker died during the job (a crash in the user's code, the OOM killer):
+        bring the last good version back now, in this job."""
+        if not self.lost():
+            return
+        assert self.st.record.serving is not None
+        died = self.st.record.serving.exit_reason or "worker died"
+        await self.restart(f"{died} during the reload")
+        note = lost_note(self.st, died)
+        outcome.version = self.st.record.version
+        if outcome.ok:
+            outcome.detail.append(note)  # it died after the new version went live
+        else:
+            outcome.error = f"{outcome.error}; {note}"
+
+    def on_death(self, worker: WorkerProcess) -> None:
+        st = self.st
+        if self.closed or worker is not st.record.serving:
+            return
+        st.events.emit("worker_died", model=st.name, pid=worker.pid, reason=worker.exit_reason)
+        # Queued behind the job running now: a reload whose worker died restarts it itself,
+        # and this job then finds it replaced.
+        self.submit(RestartJob(reason=worker.exit_reason or "worker died", worker=worker))
+
+    def ensure_watchdog(self, busy: Callable[[], bool]) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(
+                self._watch_forwards(busy), name=f"watchdog-{self.st.name}"
+            )
+
+    async def _watch_forwards(self, busy: Callable[[], bool], interval_s: float = 0.25) -> None:
+        """Queue a restart for a worker whose oldest in-flight request exceeds forward_s.
+        Not while a job runs: a reload's drain behind the hung forward hits its own
+        deadline and recovers, and a restart queued then would only find it replaced."""
+        st = self.st
+        limit = st.model.deadlines.forward_s
+        while not self.closed:
+            await asyncio.sleep(min(interval_s, limit / 4))
+            age = hung_forward(st, busy())
+            if age is None:
+                continue
+            st.set_state("wedged", forward_s=age)
+            st.events.emit(
                 "wedged",
-                model=sup.name,
+                model=st.name,
                 phase="serve",
                 detail=f"a forward has run for {age:.1f} s (limit {limit:g} s)",
             )
-            sup.submit(
+            worker = st.record.serving
+            self.submit(
                 RestartJob(reason=f"forward hung for {age:.1f} s", wedged=True, worker=worker)
             )
+
+    async def close(self) -> None:
+        self.closed = True
+        task = self._watchdog
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -4,14 +4,15 @@ and its workers, never written."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
+from hotreload.config import ModelConfig
+from hotreload.engine.model.record import ModelRecord
+from hotreload.engine.model.workers import WorkerFactory
+from hotreload.engine.router import ModelRouter
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
-
-if TYPE_CHECKING:
-    from hotreload.engine.model.context import Supervisor
 
 #: The serving worker's own figures passed on in `status()["worker"]`.
 WORKER_FIELDS = ("rss_bytes", "allocator", "served", "failed", "threads", "torch", "streams")
@@ -40,19 +41,25 @@ class WorkerFigures:
         return self.last
 
 
-async def model_status(sup: Supervisor, worker_max_age_s: float = 0.0) -> dict[str, Any]:
-    rec = sup.record
+def model_status(
+    model: ModelConfig,
+    rec: ModelRecord,
+    router: ModelRouter,
+    workers: WorkerFactory,
+    ws: dict[str, Any],
+) -> dict[str, Any]:
+    """The status of one model: its record, its router's figures and its serving worker's
+    own (`ws`, WorkerFigures)."""
     worker, current = rec.serving, rec.current
-    ws = await sup.worker_status(max_age_s=worker_max_age_s)
     limit = worker.memory_limit() if worker else None
-    cpus = sup.workers.cpus
+    cpus = workers.cpus
     return {
-        "name": sup.name,
+        "name": model.name,
         "state": rec.state,
         "version": rec.version,
-        "device": (worker.device if worker else None) or sup.model.device,
-        "policy": sup.model.policy,
-        "strategy": sup.model.strategy,
+        "device": (worker.device if worker else None) or model.device,
+        "policy": model.policy,
+        "strategy": model.strategy,
         "pid": worker.pid if worker else None,
         "restarts": rec.restarts,
         "last_error": rec.last_error,
@@ -63,9 +70,9 @@ async def model_status(sup: Supervisor, worker_max_age_s: float = 0.0) -> dict[s
         # The serving weights' content digest, and the pushes laid over the files' weights.
         "digest": current.digest if current else None,
         "pushes": len(current.overlays) if current else 0,
-        "inputs": sup.router.input_signature,
-        "input_form": sup.router.input_form,
-        **sup.router.snapshot(),
+        "inputs": router.input_signature,
+        "input_form": router.input_form,
+        **router.snapshot(),
         "worker": {k: ws.get(k) for k in WORKER_FIELDS if k in ws},
         "standby": standby_status(rec.standby),
         # The cgroup memory limit the serving worker runs under (None: no limit).
@@ -73,7 +80,7 @@ async def model_status(sup: Supervisor, worker_max_age_s: float = 0.0) -> dict[s
         # Where the serving worker runs, and everything else (None: not pinned).
         "cpus": None
         if cpus is None
-        else {"serving": sorted(cpus), "rest": sorted(sup.workers.cpus_rest)},
+        else {"serving": sorted(cpus), "rest": sorted(workers.cpus_rest)},
     }
 
 

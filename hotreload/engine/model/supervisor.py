@@ -1,29 +1,34 @@
-"""One supervisor per served model: the only owner of its workers and its state.
+"""One supervisor per served model: the only owner of its workers and its jobs.
 
 Everything that changes which worker serves, or which version, is a job (jobs.py) run one
-at a time by the supervisor's loop, under the device lock for the jobs that build:
+at a time by the supervisor's loop. Each job is one method here, read top to bottom:
 
-    start     spawn -> load -> warm -> smoke -> serve       (the model's first worker)
-    reload    policy -> snapshot -> the strategy's phases    (inplace.py, respawn.py)
-    restart   kill -> [GPU reset] -> spawn -> load -> warm -> smoke -> serve, on the last
-              good snapshot (a worker died, or a forward hung past its deadline)
-    unload    gate -> drain -> stop the worker
+    _start    spawn -> [device lock] build -> serve              (the model's first worker)
+    _reload   lock -> policy -> checkpoint wait -> snapshot -> build -> swap -> retire
+              -> digest -> promote -> history
+    _push     lock -> build in the serving worker -> in-band swap -> digest -> history
+    _restart  kill -> [GPU reset] -> bring up on the last good snapshot -> serve
+    _unload   gate -> drain -> stop the worker
     stop      the session ends: the running job is cancelled, queued ones never run
+
+The steps are functions: phases.py acts on workers, swaps.py moves traffic, recovery.py
+brings a worker back. A strategy (inplace.py, respawn.py) says where a version is built and
+what becomes of the old worker, and returns what it built; it never calls back. The model's
+state (record and router) changes only through state.py.
 
 A worker that dies queues a restart; so does the watchdog for a forward stuck past
 `forward_s`. Because jobs run one at a time, a restart can never race a reload for the
 worker: it runs after the reload, and does nothing if the reload already replaced the
 worker. A failed build leaves the old version serving.
-
-The state record (record.py) is written here only; the strategies and phases ask for each
-change through the methods in "state changes" below.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+import time
+import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +36,37 @@ from hotreload.config import Config, ModelConfig
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import lifecycle, pushes, recovery, reload_job
+from hotreload.engine.model import phases, pushes, snapshot_keeper, swaps
 from hotreload.engine.model.inplace import InPlace
 from hotreload.engine.model.jobs import (
+    Built,
     Job,
-    JobQueue,
+    JobLoop,
+    PhaseFailed,
+    PushJob,
     ReloadJob,
     ReloadOutcome,
     RestartJob,
+    Retired,
     StartJob,
     UnloadJob,
+    Wedged,
 )
-from hotreload.engine.model.pushes import Overlay
-from hotreload.engine.model.record import ModelRecord, VersionInfo
+from hotreload.engine.model.override_check import override_warning
+from hotreload.engine.model.phases import BuildSpec, RunPhase, make_spec
+from hotreload.engine.model.policy import choose_policy
+from hotreload.engine.model.record import ModelRecord
+from hotreload.engine.model.recovery import Recovery
 from hotreload.engine.model.respawn import Respawn
+from hotreload.engine.model.standby import StandbyKeeper
+from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.status import WorkerFigures, model_status
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
-from hotreload.engine.signature import describe_dynamic
-from hotreload.engine.snapshots import Snapshot
 from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.errors import ReloadFailedError, WorkerUnavailableError
+
+STOPPED = "the session stopped before the reload finished"
 
 
 class ModelSupervisor:
@@ -66,10 +81,7 @@ class ModelSupervisor:
         snapshot_dir: Path | None = None,
         workers: WorkerFactory | None = None,
     ) -> None:
-        self.model = model
-        self.config = config
-        self.events = events
-        self.locks = locks
+        self.model, self.config, self.events, self.locks = model, config, events, locks
         self.ignore = ignore or IgnoreRules()
         self.snapshot_dir = snapshot_dir
         self.router = ModelRouter(
@@ -78,74 +90,48 @@ class ModelSupervisor:
             request_timeout_s=model.request_timeout_s,
             max_inflight=model.max_inflight,
         )
-        self.record = ModelRecord()
         self.workers = workers or WorkerFactory(model, config)
-        self.workers.on_pin_failed = self._pin_failed
+        self.workers.tell(events)
+        self.st = ModelState(model, events, self.router, self.workers)
+        self.recovery = Recovery(self.st, self.workers, config.root, locks, self.submit)
+        self.workers.on_death = self.recovery.on_death
+        self.recovery.escalate = self._escalate
+        #: Read-only for everyone but state.py.
+        self.record: ModelRecord = self.st.record
         #: Pushed weights build in the serving worker whatever the strategy.
-        self.inplace = InPlace(self)
+        self.inplace = InPlace(self.workers)
         self.strategy: InPlace | Respawn = (
-            Respawn(self) if model.strategy == "respawn" else self.inplace
+            Respawn(self.workers) if model.strategy == "respawn" else self.inplace
         )
-        self._pushes = 0
         #: Called after a wedged worker was killed, before its replacement starts (the
         #: session's GPU reset, where `[gpu] reset` allows one).
         self.escalate: Callable[[ModelSupervisor], Awaitable[None]] | None = None
         #: The weights-override warning was given (once per session).
         self.override_warned = False
+        self._pushes = 0
         self._figures = WorkerFigures()
-        self._queue = JobQueue()
-        self._running: Job | None = None
-        self._loop_task: asyncio.Task[None] | None = None
-        self._job_task: asyncio.Task[Any] | None = None
-        self._watchdog_task: asyncio.Task[None] | None = None
-        self._closed = False
+        self.standby = StandbyKeeper(self.st, self.workers, config.root, self.strategy)
+        # Between jobs: the next standby starts (strategy respawn), never beside a build.
+        self.jobs = JobLoop(model.name, self._run, self.standby.start_soon)
 
     # ------------------------------------------------------------------ read-only views
 
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    @property
-    def worker(self) -> WorkerProcess | None:
-        return self.record.serving
-
-    @property
-    def state(self) -> str:
-        return self.record.state
-
-    @property
-    def version(self) -> int:
-        return self.record.version
-
-    @property
-    def current(self) -> VersionInfo | None:
-        return self.record.current
-
-    @property
-    def restarts(self) -> int:
-        return self.record.restarts
-
-    @property
-    def last_error(self) -> str | None:
-        return self.record.last_error
-
-    @property
-    def reload_phase(self) -> str | None:
-        return self.record.phase
-
-    @property
-    def history(self) -> list[ReloadOutcome]:
-        return self.record.history
-
-    @property
-    def closed(self) -> bool:  # the session is stopping: no job runs any more
-        return self._closed
+    name = property(lambda self: self.model.name)
+    worker = property(lambda self: self.record.serving)
+    state = property(lambda self: self.record.state)
+    version = property(lambda self: self.record.version)
+    current = property(lambda self: self.record.current)
+    restarts = property(lambda self: self.record.restarts)
+    last_error = property(lambda self: self.record.last_error)
+    reload_phase = property(lambda self: self.record.phase)
+    history = property(lambda self: self.record.history)
+    #: The session is stopping: no job runs any more.
+    closed = property(lambda self: self.jobs.closed)
 
     @property
     def busy(self) -> bool:
         """A job runs or waits (a reload, a restart, ...)."""
-        return self._running is not None or len(self._queue) > 0
+        return self.jobs.busy
 
     # ------------------------------------------------------------------ asking for jobs
 
@@ -155,49 +141,41 @@ class ModelSupervisor:
         await asyncio.shield(self.submit(StartJob()).future)
 
     async def reload(
-        self,
-        trigger: str,
-        detail: list[str] | None = None,
-        *,
-        weights_only: bool = False,
-        push: Overlay | None = None,
+        self, trigger: str, detail: list[str] | None = None, *, weights_only: bool = False
     ) -> ReloadOutcome:
         """Reload and return the outcome. While one runs, requests collapse into exactly one
         follow-up reload (with the newest files), whose outcome they all get."""
         detail = list(detail or [])
-        if self._closed:
+        if self.jobs.closed:
             # A reload asked for during shutdown would start a worker nobody stops.
             return self.not_run(trigger, detail, "the session is stopping; the reload was not run")
-        self.events.emit(
-            "reload_requested",
-            model=self.name,
-            trigger=trigger,
-            detail=", ".join(detail) or None,
-            queued=self.busy,
-        )
-        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only, push=push)
+        self._requested(trigger, detail)
+        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only)
         return await asyncio.shield(self.submit(job).future)
 
     async def push(self, descriptor: Any, *, strict: bool = True) -> dict[str, Any]:
-        """A trainer's weights (a shared-memory descriptor) as the next version: built,
-        warmed and smoke-tested in the serving worker, then swapped in. Returns the version
-        and its digest; ReloadFailedError with the reason (the old weights serve on, never
-        a mix), BadRequestError for a descriptor that is not one."""
+        """A trainer's weights (a shared-memory descriptor) as the next version. Returns the
+        version and its digest; ReloadFailedError with the reason (the old weights serve on,
+        never a mix), BadRequestError for a descriptor that is not one."""
         self._pushes += 1
         overlay = pushes.adopt(descriptor, strict, self._pushes)
         detail = [f"{len(overlay.names)} tensor(s){'' if strict else ', strict=False'}"]
         try:
-            outcome = await self.reload("push", detail, push=overlay)
+            if self.jobs.closed:
+                outcome = self.not_run("push", detail, "the session is stopping")
+            else:
+                self._requested("push", detail)
+                job = PushJob(push=overlay, detail=detail)
+                outcome = await asyncio.shield(self.submit(job).future)
         finally:
             if overlay not in self.record.overlays:
-                overlay.close()
+                overlay.close()  # it failed: its memory goes
         if not outcome.ok:
             raise ReloadFailedError(
                 f"model {self.name!r}: pushed weights failed in {outcome.phase or 'the push'}: "
                 f"{outcome.error}; v{outcome.version} keeps serving its weights"
             )
-        digest = self.current.digest if self.current else None
-        return {"version": outcome.version, "digest": digest}
+        return {"version": outcome.version, "digest": self.current.digest if self.current else None}
 
     async def wait_version(self, version: int, timeout_s: float) -> int:
         """The serving version once it is `version` or later (bounded by `timeout_s`)."""
@@ -213,42 +191,48 @@ class ModelSupervisor:
         await asyncio.shield(self.submit(UnloadJob()).future)
 
     def submit(self, job: Job) -> Job:
-        if self._closed:
+        if self.jobs.closed:
             job.settle(error=WorkerUnavailableError(f"model {self.name!r} is stopping"))
             return job
-        if self._loop_task is None:
-            self._loop_task = asyncio.create_task(self._loop(), name=f"jobs-{self.name}")
-        return self._queue.add(job)
+        return self.jobs.submit(job)
 
     def not_run(self, trigger: str, detail: list[str], why: str) -> ReloadOutcome:
         return ReloadOutcome(self.name, False, self.version, trigger, error=why, detail=detail)
 
-    # ------------------------------------------------------------------ the job loop
+    def _bug(self, trigger: str, detail: list[str], exc: Exception) -> ReloadOutcome:
+        # A bug of ours, not the user's: say so with the traceback, keep reloading.
+        outcome = self.not_run(trigger, detail, f"internal error during the reload: {exc!r}")
+        outcome.traceback = traceback.format_exc()
+        return outcome
 
-    async def _loop(self) -> None:
-        while not self._closed:
-            job = await self._queue.next()
-            self._running = job
-            self._job_task = asyncio.create_task(self._run(job), name=f"{job.kind}-{self.name}")
-            await asyncio.wait([self._job_task])
-            self._running = self._job_task = None
-            if not self._closed:
-                await self.strategy.after_job()
+    def _requested(self, trigger: str, detail: list[str]) -> None:
+        self.events.emit(
+            "reload_requested",
+            model=self.name,
+            trigger=trigger,
+            detail=", ".join(detail) or None,
+            queued=self.busy,
+        )
+
+    # ------------------------------------------------------------------ the job loop
 
     async def _run(self, job: Job) -> None:
         try:
             if isinstance(job, StartJob):
-                await lifecycle.run_start(self)
+                await self._start()
             elif isinstance(job, ReloadJob):
-                job.settle(await reload_job.run_reload(self, job))
+                return job.settle(await self._reload(job))
+            elif isinstance(job, PushJob):
+                return job.settle(await self._push(job))
             elif isinstance(job, RestartJob):
-                await recovery.run_restart_job(self, job)
+                await self.recovery.run_job(job)
             elif isinstance(job, UnloadJob):
-                await self._do_unload()
+                await self.st.unload()
             job.settle()
         except asyncio.CancelledError:
-            if isinstance(job, ReloadJob):
-                job.settle(self.not_run(job.trigger, job.detail, STOPPED))
+            if isinstance(job, (ReloadJob, PushJob)):
+                trigger = job.trigger if isinstance(job, ReloadJob) else "push"
+                job.settle(self.not_run(trigger, job.detail, STOPPED))
             else:
                 job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
             raise
@@ -257,213 +241,247 @@ class ModelSupervisor:
 
     # ------------------------------------------------------------------ start
 
-    # ------------------------------------------------------------------ deaths and hangs
+    async def _start(self) -> None:
+        """The model's first worker: spawn (outside the device lock), build, serve."""
+        st = self.st
+        candidate = await st.snapshot(
+            self.snapshot_dir, self.config, self.ignore, self.record.next_version
+        )
+        run = st.runner(None)
+        st.set_state("starting")
+        try:
+            # The process starts (torch's import) outside the device lock: only the build
+            # touches the device, and several models may start side by side.
+            async with self.workers.spawning(None, phase="start") as held:
+                st.set_state("loading", pid=held.worker.pid)
+                try:
+                    async with self.st.device_lock(self.locks):
+                        info = await phases.build(run, held.worker, self._spec("start"))
+                        await phases.own_swap(held.worker)
+                except PhaseFailed:
+                    await held.worker.stop(self.model.deadlines.stop_s)
+                    raise
+                worker = held.keep()
+        except PhaseFailed as exc:
+            st.set_state("failed", error=str(exc))
+            st.note_error(str(exc))
+            st.refuse_until_reload(f"failed to start ({exc.phase}: {exc})")
+            await snapshot_keeper.discard(candidate)
+            raise
+        except BaseException:
+            await snapshot_keeper.discard(candidate)  # cancelled (Ctrl-C at the first load)
+            raise
+        finally:
+            st.job_done()
+        st.install(worker, info)
+        await self.st.settle_digest(run)
+        await self.st.promote(candidate)
+        self.recovery.ensure_watchdog(lambda: self.busy)
 
-    def _on_worker_death(self, worker: WorkerProcess) -> None:
-        if self._closed or worker is not self.record.serving:
-            return
-        self.events.emit("worker_died", model=self.name, pid=worker.pid, reason=worker.exit_reason)
-        # Queued behind the job running now: a reload whose worker died restarts it itself,
-        # and this job then finds it replaced.
-        self.submit(RestartJob(reason=worker.exit_reason or "worker died", worker=worker))
+    # ------------------------------------------------------------------ reload
 
-    def ensure_watchdog(self) -> None:
-        if self._watchdog_task is None or self._watchdog_task.done():
-            self._watchdog_task = asyncio.create_task(
-                recovery.watch_forwards(self), name=f"watchdog-{self.name}"
+    async def _reload(self, job: ReloadJob) -> ReloadOutcome:
+        """One reload, in order. A failure in load, warm or smoke leaves the old version
+        serving (or restores it); a drain or sync past its deadline means a wedged worker,
+        killed and restarted on the last good snapshot; a worker that died during the
+        phases is restarted before the reload ends."""
+        st, rec, started = self.st, self.record, time.monotonic()
+        outcome = ReloadOutcome(
+            self.name, False, self.version, job.trigger, detail=job.detail,
+            strategy=self.strategy.name,
+        )  # fmt: skip
+        run = st.runner(outcome)
+        try:
+            async with st.device_lock(self.locks, outcome):
+                old, candidate = rec.serving, None
+                try:
+                    cold = old is None or not old.alive or rec.current is None
+                    outcome.policy = "start" if cold else await choose_policy(
+                        self.model, rec.current, old, self.worker_status, self.events
+                    )
+                    await phases.wait_for_checkpoints(run, self.model, self.events)
+                    candidate = await st.snapshot(
+                        self.snapshot_dir, self.config, self.ignore, rec.next_version
+                    )
+                    await self._build_and_swap(run, job, outcome, old, cold)
+                    outcome.ok = True
+                except PhaseFailed as exc:
+                    await self._failed(exc, outcome)
+                except BaseException:
+                    # Cancelled (shutdown): the snapshot of a version that never served goes.
+                    if not snapshot_keeper.is_good(rec.good_snapshot, candidate):
+                        snapshot_keeper.remove(candidate)
+                    raise
+                outcome.version = self.version
+                if outcome.ok:
+                    await st.settle_digest(run)
+                    await st.promote(candidate)
+                await self.recovery.restart_if_lost(outcome)
+                if not outcome.ok and not snapshot_keeper.is_good(rec.good_snapshot, candidate):
+                    await snapshot_keeper.discard(candidate)
+        except Exception as exc:
+            outcome = self._bug(job.trigger, job.detail, exc)
+        finally:
+            st.job_done()
+        return self.st.finish(outcome, started)
+
+    async def _build_and_swap(
+        self,
+        run: RunPhase,
+        job: ReloadJob,
+        outcome: ReloadOutcome,
+        old: WorkerProcess | None,
+        cold: bool,
+    ) -> None:
+        """The strategy builds the version; traffic moves to it one of three ways."""
+        st, strategy = self.st, self.strategy
+        if cold or old is None:  # no live worker: a failed start, an unload, a give-up
+            if old is not None:
+                await old.kill()
+            built = await self._build(strategy, run, job, outcome, "cold")
+            st.install(built.worker, built.info, announce=False)
+            self.recovery.ensure_watchdog(lambda: self.busy)
+        elif outcome.policy == "resource":  # unload first, behind a closed gate
+            await swaps.quiesce(run, st, old)
+            await run("release", lambda: phases.offload(old, self.model.deadlines.stop_s))
+            try:
+                built = await self._build(strategy, run, job, outcome, "reload")
+            except PhaseFailed:
+                await swaps.restore(st, old)
+                raise
+            await self._kept(await swaps.behind_gate(run, st, strategy, old, built))
+        else:  # availability: built beside the old version, which serves on
+            built = await self._build(strategy, run, job, outcome, "reload")
+            if built.worker is old:
+                await self._in_band(run, built)
+            else:
+                await self._kept(await swaps.hand_over(run, st, strategy, old, built, outcome))
+
+    async def _build(
+        self,
+        strategy: InPlace | Respawn,
+        run: RunPhase,
+        job: ReloadJob | None,
+        outcome: ReloadOutcome,
+        mode: str,
+        push: pushes.Overlay | None = None,
+    ) -> Built:
+        """The strategy's build (with the standby it may take), and what it kept or noted."""
+        spec = self._spec(mode, job=job, push=push)
+        standby = await self.standby.take() if strategy.wants_standby else None
+        try:
+            built = await strategy.build(run, spec, standby)
+        except PhaseFailed as exc:
+            if exc.standby is not None:
+                await self.standby.keep(exc.standby, exc.recycled, after="a failed build")
+            raise
+        finally:
+            if isinstance(strategy, Respawn) and strategy.recycle_off and not strategy.told:
+                strategy.told = True
+                self.events.emit("recycle_disabled", model=self.name, reason=strategy.recycle_off)
+        outcome.detail.extend(built.detail)
+        warning = job and override_warning(self.model, job, self.current, built.info)
+        if warning and not self.override_warned:
+            self.override_warned = True
+            self.events.emit(
+                "weights_override", model=self.name, version=built.info.version, message=warning
             )
+        return built
 
-    # ------------------------------------------------------------------ unload and stop
+    # ------------------------------------------------------------------ push
 
-    async def _do_unload(self) -> None:
-        rec, d = self.record, self.model.deadlines
-        self.router.close_gate()
-        await self.router.drain(d.drain_wait_s)
-        self.router.fail_queued(WorkerUnavailableError(f"model {self.name!r} was unloaded"))
-        self.router.unavailable_reason = f"model {self.name!r} is unloaded; load it to serve again"
-        worker, rec.serving = rec.serving, None
-        self.router.worker = None
-        if worker is not None:
-            await worker.stop(d.stop_s)
-        rec.last_version = max(rec.last_version, rec.version)
-        if rec.current is not None and rec.current.block is not None:
-            rec.current.block.close()
-        rec.current = None
-        self.set_state("unloaded")
+    async def _push(self, job: PushJob) -> ReloadOutcome:
+        """A push: the serving code again with the pushed tensors over the serving weights,
+        built in the serving worker whatever the strategy (only the pushed tensors are new
+        memory), then the in-band swap. No policy: it loads beside the serving version."""
+        st, started = self.st, time.monotonic()
+        outcome = ReloadOutcome(
+            self.name, False, self.version, "push", policy="availability",
+            strategy=self.inplace.name, detail=job.detail,
+        )  # fmt: skip
+        run = st.runner(outcome)
+        try:
+            async with self.st.device_lock(self.locks, outcome):
+                try:
+                    serving = self.record.serving
+                    if serving is None or not serving.alive or self.record.current is None:
+                        raise PhaseFailed(
+                            "load",
+                            f"model {self.name!r} is {self.state}: no version serves to push "
+                            "weights onto; fix the model and reload it first",
+                        )
+                    built = await self._build(self.inplace, run, None, outcome, "reload", job.push)
+                    await self._in_band(run, built)
+                    outcome.ok = True
+                except PhaseFailed as exc:
+                    await self._failed(exc, outcome)
+                outcome.version = self.version
+                if outcome.ok:
+                    await self.st.settle_digest(run)  # a push changes no file: the snapshot holds
+                await self.recovery.restart_if_lost(outcome)
+        except Exception as exc:
+            outcome = self._bug("push", job.detail, exc)
+        finally:
+            st.job_done()
+        return self.st.finish(outcome, started)
+
+    # ------------------------------------------------------------------ after a build
+
+    async def _failed(self, exc: PhaseFailed, outcome: ReloadOutcome) -> None:
+        outcome.phase, outcome.error = exc.phase, str(exc)
+        outcome.traceback = exc.remote_traceback
+        if isinstance(exc, Wedged):
+            outcome.error = await self.recovery.wedged(exc)
+        elif not self.recovery.lost():
+            self.st.serve_on()
+
+    async def _in_band(self, run: RunPhase, built: Built) -> None:
+        install = functools.partial(
+            self.st.install, built.worker, built.info, announce=False, open_gate=False
+        )
+        await phases.in_band(run, built.worker, self.model.deadlines, self.router, install)
+
+    async def _kept(self, retired: Retired | None) -> None:
+        """The old worker a swap retired, kept as the next standby when the strategy says."""
+        if retired is not None and retired.standby is not None:
+            await self.standby.keep(retired.standby, retired.recycled, after="serving")
+
+    def _spec(
+        self, mode: str, *, job: ReloadJob | None = None, push: pushes.Overlay | None = None
+    ) -> BuildSpec:
+        return make_spec(
+            self.model,
+            self.config.root,
+            self.record,
+            self.router,
+            mode,
+            job_code=job is not None,
+            weights_only=job.weights_only if job is not None else False,
+            push=push,
+        )
+
+    # ------------------------------------------------------------------ stop
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """The last job: the running one is cancelled (a build can take minutes), queued
         ones get "stopped"; then drain the requests in flight and stop every worker."""
-        self._closed = True
-        for job in self._queue.drain():
-            if isinstance(job, ReloadJob):
-                job.settle(self.not_run(job.trigger, job.detail, STOPPED))
+        self.recovery.closed = True
+        for job in await self.jobs.close():
+            if isinstance(job, (ReloadJob, PushJob)):
+                trigger = job.trigger if isinstance(job, ReloadJob) else "push"
+                job.settle(self.not_run(trigger, job.detail, STOPPED))
             else:
                 job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
-        for task in (self._job_task, self._loop_task, self._watchdog_task):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        await self.strategy.close()
-        await lifecycle.drain_and_stop(self, drain_timeout_s)
-        for overlay in self.record.overlays:
-            overlay.close()
-        if self.record.current is not None and self.record.current.block is not None:
-            self.record.current.block.close()
+        await self.recovery.close()
+        self.strategy.close()
+        await self.standby.close()
+        await self.st.drain_and_stop(drain_timeout_s)
 
-    # ------------------------------------------------------------------ state changes
+    # ------------------------------------------------------------------ told by the workers
 
-    def set_state(self, state: str, **fields: Any) -> None:
-        if state != self.record.state:
-            self.record.state = state
-            self.events.emit("state", model=self.name, state=state, **fields)
-
-    def enter_phase(self, name: str | None) -> None:
-        self.record.phase = name
-
-    def note_error(self, error: str | None) -> None:
-        self.record.last_error = error
-
-    def count_restart(self) -> None:
-        self.record.restarts += 1
-
-    def note_digest(self, info: VersionInfo, digest: str | None) -> None:
-        info.digest, info.digest_pending = digest, False
-
-    def add_history(self, outcome: ReloadOutcome) -> None:
-        self.record.history.append(outcome)
-
-    def set_good_snapshot(self, snapshot: Snapshot | None) -> Snapshot | None:
-        """A restart comes back on `snapshot` from now on; returns the one it replaces."""
-        old, self.record.good_snapshot = self.record.good_snapshot, snapshot
-        return old
-
-    def warn_weights_override(self, job: ReloadJob, info: VersionInfo) -> None:
-        reload_job.warn_weights_override(self, job, info)
-
-    def install(
-        self,
-        worker: WorkerProcess,
-        info: VersionInfo,
-        *,
-        announce: bool = True,
-        handover: bool = False,
-        open_gate: bool = True,
-    ) -> None:
-        """Make `worker` serving `info` the live one. With `handover`, requests in flight on
-        the previous worker finish there (ModelRouter.handover); without `open_gate`, the
-        gate stays as it is (a swap behind a closed gate, reopened by `resume`)."""
-        rec = self.record
-        previous, rec.serving = rec.serving, worker
-        if rec.current is not None and rec.current.block not in (None, info.block):
-            rec.current.block.close()  # the files changed: the old worker's mapping is its own
-        rec.current = info
-        rec.last_version = max(rec.last_version, info.version)
-        # The weights it serves: the files as it found them and the pushes it holds; pushes
-        # no version needs any more (the files changed since) let go of their memory.
-        for overlay in rec.overlays:
-            if overlay not in info.overlays:
-                overlay.close()
-        rec.overlays, rec.weights_stat = list(info.overlays), info.weights_stat
-        if previous is not worker:  # an in-place reload keeps its place
-            self.workers.place(worker, serving=True)
-            if previous is not None and not handover:
-                # Drained already, or dead. One handed over from keeps the serving CPUs
-                # until its requests are done (respawn moves it then).
-                self.workers.place(previous, serving=False)
-        # Requests are checked against the serving version's inputs, switched at the swap.
-        self.router.input_form, self.router.input_signature = info.input_form, info.inputs
-        self.set_state("serving", version=info.version)
-        if announce:
-            self.events.emit(
-                "ready",
-                model=self.name,
-                version=info.version,
-                device=worker.device,
-                pid=worker.pid,
-                load_s=info.load_s,
-                warm_s=info.warm_s,
-                inputs=describe_dynamic(info.inputs),
-                digest=info.digest,
-            )
-        if handover:
-            self.router.handover(worker)
-        else:
-            self.router.worker = worker
-            if open_gate:
-                self.router.open_gate()
-        # Last: requests waiting for this version (`min_version`) go to its worker.
-        self.router.serving_version(info.version)
-
-    def keep_standby(
-        self, worker: WorkerProcess, *, recycled: int = 0, after: str | None = None
-    ) -> None:
-        self.record.standby = worker
-        fields = {"after": after} if after else {}
-        self.events.emit(
-            "standby_ready", model=self.name, pid=worker.pid, recycled=recycled, **fields
-        )
-
-    def take_standby(self) -> WorkerProcess | None:
-        worker, self.record.standby = self.record.standby, None
-        return worker
-
-    def mark_retiring(self, worker: WorkerProcess | None) -> None:
-        self.record.retiring = worker
-
-    async def spawn(
-        self, code: dict[str, Any] | None, *, standby: bool = False, phase: str = "spawn"
-    ) -> WorkerProcess:
-        """A new worker process. A `standby` starts at low priority and stays out of the
-        death handling until a reload takes it (`adopt`)."""
-        self.record.generation += 1
-        worker = await self.workers.spawn(
-            self.record.generation, code, standby=standby, phase=phase
-        )
-        if not standby:
-            self.adopt(worker)
-            self.events.emit(
-                "worker_started", model=self.name, pid=worker.pid, device=worker.device
-            )
-        return worker
-
-    def adopt(self, worker: WorkerProcess) -> None:
-        """From now on its death is this model's business (restart, retries)."""
-        worker.on_death = self._on_worker_death
-
-    def note(self, notes: list[str] | None) -> None:
-        """Say each of a version's notes (outputs left out of replies) once per session."""
-        for text in notes or []:
-            self.events.emit_once("model_note", model=self.name, message=text)
-
-    def _pin_failed(self, pid: int) -> None:
-        self.events.emit(
-            "cpus_failed",
-            model=self.name,
-            pid=pid,
-            detail="could not move every thread of the worker; it runs where it is",
-        )
-
-    # ------------------------------------------------------------------ locks and snapshots
-
-    @contextlib.asynccontextmanager
-    async def device_lock(self, outcome: ReloadOutcome | None = None) -> AsyncIterator[None]:
-        device = (self.worker.device if self.worker else None) or self.model.device
-        key = "cpu" if device in ("cpu", "auto") else device
-        waited_note: list[str] = []
-        async with self.locks.hold(key, on_wait=waited_note.append) as waited:
-            if waited > 0.005 and outcome is not None:
-                outcome.phases["lock"] = waited
-                self.events.emit(
-                    "phase_end",
-                    model=self.name,
-                    phase="lock",
-                    duration_s=waited,
-                    ok=True,
-                    detail=waited_note[0] if waited_note else None,
-                )
-            yield
+    async def _escalate(self) -> None:
+        if self.escalate is not None:
+            await self.escalate(self)
 
     # ------------------------------------------------------------------ status
 
@@ -471,7 +489,5 @@ class ModelSupervisor:
         return await self._figures.read(self.record.serving, timeout_s, max_age_s)
 
     async def status(self, worker_max_age_s: float = 0.0) -> dict[str, Any]:
-        return await model_status(self, worker_max_age_s)
-
-
-STOPPED = "the session stopped before the reload finished"
+        ws = await self.worker_status(max_age_s=worker_max_age_s)
+        return model_status(self.model, self.record, self.router, self.workers, ws)

@@ -7,7 +7,8 @@ Placement on CPUs lives here too: it acts on processes, not on the model's state
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from hotreload.config import Config, ModelConfig
@@ -41,6 +42,30 @@ class WorkerFactory:
         self._pin_failed = False
         #: Told once when a worker could not be moved onto its CPUs.
         self.on_pin_failed: Callable[[int], None] | None = None
+        #: Told when an adopted worker dies (the supervisor queues a restart).
+        self.on_death: Callable[[WorkerProcess], None] | None = None
+        #: Told of every worker started to serve (not a standby): the supervisor's event.
+        self.on_started: Callable[[WorkerProcess], None] | None = None
+        #: One per worker process started (a worker's name in its logs).
+        self.generation = 0
+
+    def tell(self, events: Any) -> None:
+        """Say on `events` (the model's EventBus) that a worker started, or could not be
+        moved onto its CPUs."""
+        name = self.model.name
+
+        def started(worker: WorkerProcess) -> None:
+            events.emit("worker_started", model=name, pid=worker.pid, device=worker.device)
+
+        def pin_failed(pid: int) -> None:
+            events.emit(
+                "cpus_failed",
+                model=name,
+                pid=pid,
+                detail="could not move every thread of the worker; it runs where it is",
+            )
+
+        self.on_started, self.on_pin_failed = started, pin_failed
 
     def _process(
         self, generation: int, code: dict[str, Any] | None, *, standby: bool
@@ -58,15 +83,16 @@ class WorkerFactory:
 
     async def spawn(
         self,
-        generation: int,
         code: dict[str, Any] | None = None,
         *,
         standby: bool = False,
         phase: str = "spawn",
     ) -> WorkerProcess:
         """A started worker; PhaseFailed(`phase`) when it cannot start. Nothing is left
-        behind on failure or cancellation."""
-        worker = self._make(generation, code, standby=standby)
+        behind on failure or cancellation. A `standby` starts at low priority and stays out
+        of the death handling until a reload takes it (`adopt`)."""
+        self.generation += 1
+        worker = self._make(self.generation, code, standby=standby)
         # A standby imports at idle priority on cores busy serving: give it time.
         deadline = self.model.deadlines.start_s * (STANDBY_START_FACTOR if standby else 1)
         try:
@@ -77,7 +103,51 @@ class WorkerFactory:
         except BaseException:
             await worker.kill()  # cancelled (shutdown): never leave a process behind
             raise
+        if not standby:
+            self.adopt(worker)
+            if self.on_started is not None:
+                self.on_started(worker)
         return worker
+
+    def adopt(self, worker: WorkerProcess) -> None:
+        """From now on its death is the model's business (restart, retries)."""
+        worker.on_death = self.on_death
+
+    @contextlib.asynccontextmanager
+    async def owned(self, worker: WorkerProcess) -> AsyncIterator[Held]:
+        """`worker`'s life for the block: killed when the block raises or is cancelled, or
+        ends without `held.keep()` (it was neither installed nor kept as the standby).
+        The one place a worker a job started is stopped on the way out."""
+        held = Held(worker)
+        try:
+            yield held
+        finally:
+            if not held.kept:
+                await worker.kill()
+
+    @contextlib.asynccontextmanager
+    async def spawning(
+        self,
+        code: dict[str, Any] | None,
+        *,
+        phase: str = "spawn",
+        run: Callable[..., Awaitable[Any]] | None = None,
+        deadline_s: float | None = None,
+    ) -> AsyncIterator[Held]:
+        """A new worker, started as the phase `phase` (timed by `run` when given), owned by
+        the block as `owned` says."""
+        box: list[WorkerProcess] = []
+
+        async def spawn() -> dict[str, Any]:
+            box.append(await self.spawn(code, phase=phase))
+            return {"detail": f"worker pid {box[0].pid}"}
+
+        if run is None:
+            await spawn()
+        else:
+            await run(phase, spawn, deadline_s=deadline_s or self.model.deadlines.start_s)
+        async with self.owned(box[0]) as held:
+            yield held
 
     def place(self, worker: WorkerProcess, *, serving: bool) -> None:
         """The serving worker on this model's CPUs, any other worker on the rest (its
@@ -90,3 +160,15 @@ class WorkerFactory:
             self._pin_failed = True
             if self.on_pin_failed is not None:
                 self.on_pin_failed(worker.pid)
+
+
+class Held:
+    """A worker a job holds (WorkerFactory.owned): `keep()` once it serves or stands by."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+        self.kept = False
+
+    def keep(self) -> WorkerProcess:
+        self.kept = True
+        return self.worker

@@ -1,0 +1,301 @@
+"""The one writer of a model's state: its record (record.py) and its router's gate.
+
+The supervisor decides what happens and in which order; every change it makes to which
+worker serves, which version, the state shown, the phase running, the standby worker and the
+router's admission is a method here. Nothing else assigns a field of the record or opens,
+closes or points the router (tests/supervisor/test_ownership.py checks both), so one page
+says how a model's state can move. Readers (status, the dashboard, HTTP) read a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from hotreload.config import Config, ModelConfig
+from hotreload.engine.events import EventBus
+from hotreload.engine.ignore import IgnoreRules
+from hotreload.engine.locks import DeviceLocks
+from hotreload.engine.model import phases, snapshot_keeper
+from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome
+from hotreload.engine.model.phases import PhaseClock, RunPhase
+from hotreload.engine.model.record import ModelRecord, VersionInfo
+from hotreload.engine.model.workers import WorkerFactory
+from hotreload.engine.router import ModelRouter
+from hotreload.engine.signature import describe_dynamic
+from hotreload.engine.snapshots import Snapshot
+from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.errors import ClientError, WorkerUnavailableError
+
+
+class ModelState:
+    """A model's record and router, and the only code that changes them."""
+
+    def __init__(
+        self, model: ModelConfig, events: EventBus, router: ModelRouter, workers: WorkerFactory
+    ) -> None:
+        self.model = model
+        self.name = model.name
+        self.events = events
+        self.router = router
+        self.workers = workers
+        self.record = ModelRecord()
+
+    # ------------------------------------------------------------------ states and phases
+
+    def set_state(self, state: str, **fields: Any) -> None:
+        if state != self.record.state:
+            self.record.state = state
+            self.events.emit("state", model=self.name, state=state, **fields)
+
+    def note_error(self, error: str | None) -> None:
+        self.record.last_error = error
+
+    def runner(self, outcome: ReloadOutcome | None) -> RunPhase:
+        """The phase runner of a job (phases.PhaseClock): the phase it runs is the
+        model's `phase`; a reload's phases go into `outcome` and the event stream."""
+        clock = PhaseClock(self.name, self.events, outcome, self.set_state)
+        self.record.clock = clock
+        return clock.run
+
+    def job_done(self) -> None:
+        """No phase of the job is left showing."""
+        self.record.clock = None
+
+    # ------------------------------------------------------------------ which worker serves
+
+    def install(
+        self,
+        worker: WorkerProcess,
+        info: VersionInfo,
+        *,
+        announce: bool = True,
+        handover: bool = False,
+        open_gate: bool = True,
+    ) -> None:
+        """Make `worker` serving `info` the live one. With `handover`, requests in flight on
+        the previous worker finish there (ModelRouter.handover); without `open_gate`, the
+        gate stays as it is (a swap behind a closed gate, reopened by `open_gate`)."""
+        rec, router = self.record, self.router
+        previous, rec.serving = rec.serving, worker
+        if rec.current is not None and rec.current.block not in (None, info.block):
+            rec.current.block.close()  # the files changed: the old worker's mapping is its own
+        rec.current = info
+        rec.last_version = max(rec.last_version, info.version)
+        # The weights it serves: the files as it found them and the pushes it holds; pushes
+        # no version needs any more (the files changed since) let go of their memory.
+        for overlay in rec.overlays:
+            if overlay not in info.overlays:
+                overlay.close()
+        rec.overlays, rec.weights_stat = list(info.overlays), info.weights_stat
+        if previous is not worker:  # an in-place reload keeps its place
+            self.workers.place(worker, serving=True)
+            if previous is not None and not handover:
+                # Drained already, or dead. One handed over from keeps the serving CPUs
+                # until its requests are done (the hand-over moves it then).
+                self.workers.place(previous, serving=False)
+        # Requests are checked against the serving version's inputs, switched at the swap.
+        router.input_form, router.input_signature = info.input_form, info.inputs
+        self.set_state("serving", version=info.version)
+        for text in info.notes:  # outputs left out of replies, once per session
+            self.events.emit_once("model_note", model=self.name, message=text)
+        if announce:
+            self.events.emit(
+                "ready",
+                model=self.name,
+                version=info.version,
+                device=worker.device,
+                pid=worker.pid,
+                load_s=info.load_s,
+                warm_s=info.warm_s,
+                inputs=describe_dynamic(info.inputs),
+                digest=info.digest,
+            )
+        if handover:
+            router.handover(worker)
+        else:
+            router.worker = worker
+            if open_gate:
+                router.open_gate()
+        # Last: requests waiting for this version (`min_version`) go to its worker.
+        router.serving_version(info.version)
+
+    def unserve(self, why: str) -> WorkerProcess | None:
+        """Nobody serves any more (unload): returns the worker that did."""
+        rec, router = self.record, self.router
+        router.unavailable_reason = why
+        worker, rec.serving = rec.serving, None
+        router.worker = None
+        rec.last_version = max(rec.last_version, rec.version)
+        if rec.current is not None and rec.current.block is not None:
+            rec.current.block.close()
+        rec.current = None
+        return worker
+
+    def set_retiring(self, worker: WorkerProcess | None) -> None:
+        """The worker a swap replaced, while it drains and syncs (strategy respawn)."""
+        self.record.retiring = worker
+
+    def set_standby(self, worker: WorkerProcess | None) -> WorkerProcess | None:
+        """The worker started ahead of time for the next reload; returns the one before."""
+        old, self.record.standby = self.record.standby, worker
+        return old
+
+    def count_restart(self) -> None:
+        self.record.restarts += 1
+
+    def finish(self, outcome: ReloadOutcome, started: float) -> ReloadOutcome:
+        """A reload or push is over: its outcome into the history and the event stream."""
+        outcome.total_s = time.monotonic() - started
+        self.record.last_error = outcome.error if not outcome.ok else None
+        self.record.history.append(outcome)
+        current = self.record.current
+        self.events.emit(
+            "reload_done" if outcome.ok else "reload_failed",
+            model=self.name,
+            version=outcome.version,
+            total_s=outcome.total_s,
+            policy=outcome.policy,
+            strategy=outcome.strategy,
+            phases=outcome.phases,
+            trigger=outcome.trigger,
+            phase=outcome.phase,
+            error=outcome.error,
+            traceback=outcome.traceback,
+            digest=current.digest if current else None,
+        )
+        return outcome
+
+    def serve_on(self) -> None:
+        """A build failed and the old version serves on: requests held by a closed gate go
+        through (unless the model failed or was unloaded meanwhile)."""
+        rec = self.record
+        if rec.state in ("failed", "unloaded"):
+            return
+        if rec.serving is not None and rec.current is not None:
+            self.open_gate()
+        self.set_state("serving", version=rec.version)
+
+    # ------------------------------------------------------------------ admission
+
+    def open_gate(self) -> None:
+        self.router.open_gate()
+
+    def close_gate(self) -> None:
+        self.router.close_gate()
+
+    def refuse(self, why: str, error: ClientError | None = None) -> None:
+        """Answer requests with `why` until a version serves again; `error` fails the ones
+        queued now."""
+        self.router.unavailable_reason = why
+        if error is not None:
+            self.router.fail_queued(error)
+
+    def refuse_until_reload(self, why: str) -> None:
+        self.router.refuse_until_reload(why)
+
+    def fail_queued(self, error: ClientError) -> None:
+        self.router.fail_queued(error)
+
+    # ------------------------------------------------------------------ what a version keeps
+
+    async def snapshot(
+        self, folder: Path | None, config: Config, ignore: IgnoreRules, version: int
+    ) -> Snapshot | None:
+        """A copy of the files `version` builds from, for a restart to come back on."""
+        taken = await snapshot_keeper.candidate(
+            folder, config, self.model, version, ignore, self.record.good_snapshot
+        )
+        if isinstance(taken, str):
+            self.events.emit("snapshot_skipped", model=self.name, reason=taken)
+            return None
+        return taken
+
+    async def promote(self, snapshot: Snapshot | None) -> None:
+        """`snapshot`'s version serves now: a restart comes back on it."""
+        old, self.record.good_snapshot = self.record.good_snapshot, snapshot
+        await snapshot_keeper.discard(snapshot_keeper.replaced(old, snapshot))
+
+    async def settle_digest(self, run: RunPhase) -> None:
+        """After the swap: the serving version's digest, which its worker hashed in the
+        background (a big model's first new answer did not wait for it)."""
+        current, worker = self.record.current, self.record.serving
+        if current is None or not current.digest_pending or worker is None or not worker.alive:
+            return
+        load_s = self.model.deadlines.load_s
+
+        async def digest() -> dict[str, Any]:
+            current.digest = await phases.digest(worker, load_s)
+            current.digest_pending = False
+            return {"detail": f"weights {current.digest} (hashed while it served)"}
+
+        try:
+            await run("digest", digest, deadline_s=load_s + 5)
+        except PhaseFailed:
+            current.digest_pending = False  # it serves all the same; its digest stays unknown
+        finally:
+            # It runs after the version went live: no phase of the job is left showing (the
+            # dashboard read "serving (digest)" after a start).
+            self.record.clock = None
+
+    @contextlib.asynccontextmanager
+    async def device_lock(
+        self, locks: DeviceLocks, outcome: ReloadOutcome | None = None
+    ) -> AsyncIterator[None]:
+        """The lock of the device the model runs on: one build at a time per device."""
+        serving = self.record.serving
+        device = (serving.device if serving else None) or self.model.device
+        key = "cpu" if device in ("cpu", "auto") else device
+        waited_note: list[str] = []
+        async with locks.hold(key, on_wait=waited_note.append) as waited:
+            if waited > 0.005 and outcome is not None:
+                outcome.phases["lock"] = waited
+                self.events.emit(
+                    "phase_end",
+                    model=self.name,
+                    phase="lock",
+                    duration_s=waited,
+                    ok=True,
+                    detail=waited_note[0] if waited_note else None,
+                )
+            yield
+
+    # ------------------------------------------------------------------ the end
+
+    async def unload(self) -> None:
+        """Stop serving (repository API `unload`): gate, drain, stop the worker."""
+        d = self.model.deadlines
+        self.close_gate()
+        await self.router.drain(d.drain_wait_s)
+        self.fail_queued(WorkerUnavailableError(f"model {self.name!r} was unloaded"))
+        worker = self.unserve(f"model {self.name!r} is unloaded; load it to serve again")
+        if worker is not None:
+            await worker.stop(d.stop_s)
+        self.set_state("unloaded")
+
+    async def drain_and_stop(self, drain_timeout_s: float | None) -> None:
+        """Let queued requests finish to the drain deadline, fail the rest, stop the worker."""
+        rec, router = self.record, self.router
+        self.set_state("draining")
+        if rec.serving is not None and rec.serving.alive and router.unavailable_reason is None:
+            self.open_gate()  # a reload cancelled by the shutdown may have left it closed
+        timeout = drain_timeout_s if drain_timeout_s is not None else self.model.deadlines.drain_s
+        deadline = time.monotonic() + timeout
+        while (router.depth or router.inflight) and time.monotonic() < deadline:
+            if not (rec.serving and rec.serving.alive):
+                break
+            await asyncio.sleep(0.01)
+        self.close_gate()
+        await router.drain(max(0.0, deadline - time.monotonic()))
+        self.fail_queued(WorkerUnavailableError(f"model {self.name!r}: server is shutting down"))
+        if rec.serving is not None:
+            await rec.serving.stop(self.model.deadlines.stop_s)
+        self.set_state("stopped")
+        for overlay in rec.overlays:
+            overlay.close()
+        if rec.current is not None and rec.current.block is not None:
+            rec.current.block.close()

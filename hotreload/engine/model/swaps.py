@@ -1,0 +1,167 @@
+"""How traffic moves from the old version to the new one, once it is built: the swap and
+what surrounds it, each written once. The supervisor picks one (supervisor.py `_reload`):
+
+    (in_band    a version built in the serving worker swaps behind the requests already
+                sent to it: phases.in_band)
+    hand_over   a version built in another worker: it takes new requests at once while
+                the old one finishes its own (swap, drain, sync, release)
+    quiesce     the resource policy's start: gate, drain, sync (then offload, build,
+                `behind_gate`, resume)
+
+Each takes the phase runner and the model's state (state.py, the one writer), and returns
+what became of the old worker (`Retired`) for the supervisor to act on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from hotreload.engine.model import phases
+from hotreload.engine.model.inplace import InPlace
+from hotreload.engine.model.jobs import Built, ReloadOutcome, Retired, Wedged
+from hotreload.engine.model.phases import RunPhase
+from hotreload.engine.model.respawn import Respawn
+from hotreload.engine.model.state import ModelState
+from hotreload.engine.worker_proc import WorkerProcess
+
+Strategy = InPlace | Respawn
+
+
+async def hand_over(
+    run: RunPhase,
+    st: ModelState,
+    strategy: Strategy,
+    old: WorkerProcess,
+    built: Built,
+    outcome: ReloadOutcome,
+) -> Retired:
+    """Two processes, both versions resident: the new worker takes requests at once and the
+    old one finishes its own, then has its streams synced and is retired. Nothing rolls
+    back: a drain or sync that fails only means the old worker is killed (its requests are
+    retried on the new one)."""
+    new, router, d = built.worker, st.router, st.model.deadlines
+
+    async def swap() -> dict[str, Any]:
+        st.install(new, built.info, announce=False, handover=True)
+        return {
+            "detail": f"new requests go to worker pid {new.pid}; "
+            f"{router.draining} still in flight on pid {old.pid}"
+        }
+
+    async def drain() -> dict[str, Any]:
+        n = router.draining
+        if not await router.drain_previous(d.drain_wait_s):
+            raise Wedged(
+                "drain",
+                f"{router.draining} request(s) still running on the old worker after the "
+                f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
+            )
+        return {"detail": f"{n} request(s) finished on the old worker"}
+
+    async with retiring(st, old):
+        await run("swap", swap)
+        gone: str | None = None
+        try:
+            await run("drain", drain)
+            # Its requests done on the serving CPUs (moved now, they would wait for a CPU
+            # behind the session's own work): the rest of its life is reload work.
+            st.workers.place(old, serving=False)
+            await run("sync", lambda: phases.sync(old, d.sync_s))
+        except phases.PhaseFailed as exc:
+            gone = "died" if not old.alive else "wedged" if isinstance(exc, Wedged) else "failed"
+            st.events.emit(
+                "wedged" if gone == "wedged" else "worker_lost",
+                model=st.name,
+                phase=exc.phase,
+                detail=f"{exc}; old worker abandoned",
+            )
+            outcome.detail.append(f"old worker {gone} in {exc.phase}: abandoned")
+        return await retire(run, st, strategy, old, gone)
+
+
+async def quiesce(run: RunPhase, st: ModelState, worker: WorkerProcess) -> None:
+    """Stop admission, wait for the requests in flight, then for the old streams."""
+    router, d = st.router, st.model.deadlines
+
+    async def gate() -> None:
+        st.close_gate()
+
+    async def drain() -> dict[str, Any]:
+        n = router.inflight
+        if not await router.drain(d.drain_wait_s):
+            raise Wedged(
+                "drain",
+                f"{router.inflight} request(s) still running after the "
+                f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
+            )
+        return {"detail": f"{n} in flight, {router.depth} waiting in the queue"}
+
+    await run("gate", gate, state="draining")
+    await run("drain", drain)
+    await run("sync", lambda: phases.sync(worker, d.sync_s))
+
+
+async def behind_gate(
+    run: RunPhase, st: ModelState, strategy: Strategy, old: WorkerProcess, built: Built
+) -> Retired | None:
+    """The resource policy's end: swap while the gate is closed, resume, and retire the old
+    worker when the version was built in another one."""
+
+    async def swap() -> None:
+        await strategy.switch(built)
+        st.install(built.worker, built.info, announce=False, open_gate=False)
+
+    async def resume() -> None:
+        st.open_gate()
+        st.set_state("serving", version=st.record.version)
+
+    async with retiring(st, old if built.worker is not old else None):
+        await run("swap", swap)
+        await run("resume", resume)
+        if built.worker is old:
+            return None
+        return await retire(run, st, strategy, old, None)
+
+
+async def restore(st: ModelState, old: WorkerProcess) -> None:
+    """Resource policy, after a failed build: the offloaded old version back, serving. A
+    worker that died, or cannot restore, is left dead: the supervisor restarts it."""
+    if not old.alive:
+        return
+    why = await phases.restore(old, st.model.deadlines.load_s)
+    if why is not None:
+        st.events.emit("restore_failed", model=st.name, error=why)
+        return
+    st.open_gate()
+
+
+async def retire(
+    run: RunPhase, st: ModelState, strategy: Strategy, old: WorkerProcess, gone: str | None
+) -> Retired:
+    """The release phase of a worker a swap replaced: the strategy says what becomes of it
+    (killed, kept as the next standby, stopped)."""
+    box: list[Retired] = []
+
+    async def release() -> dict[str, Any]:
+        box.append(await strategy.retire(old, gone, st.record.standby is None))
+        return box[0].result
+
+    await run("release", release)
+    return box[0]
+
+
+@contextlib.asynccontextmanager
+async def retiring(st: ModelState, old: WorkerProcess | None) -> AsyncIterator[None]:
+    """From the swap on, the old worker is neither the serving one nor the standby: if the
+    reload stops here (cancelled at shutdown, a bug of ours), it stops with it."""
+    st.set_retiring(old)
+    try:
+        yield
+    except BaseException:
+        if old is not None and st.record.standby is not old:
+            await old.kill()
+        raise
+    finally:
+        st.set_retiring(None)
