@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
+from hotreload.engine.file_stamp import FileStamp
+
 #: The safetensors format's own cap on its header (the Rust reader refuses bigger ones);
 #: above it the first 8 bytes are not a safetensors header length.
 SAFETENSORS_MAX_HEADER = 100_000_000
@@ -55,7 +57,7 @@ ZIP_TAIL = EOCD_SIZE + 0xFFFF
 
 #: What identifies one version of a file: a replaced file has a new inode, a written one
 #: a new size or mtime.
-Signature = tuple[int, int, int, int]
+Signature = FileStamp
 P = TypeVar("P", bound=str | os.PathLike[str])
 
 
@@ -81,7 +83,7 @@ def _inspect(path: str | os.PathLike[str]) -> tuple[str | None, Signature | None
 
 
 def _signature(st: os.stat_result) -> Signature:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return FileStamp.of_stat(st)
 
 
 def _problem(f: BinaryIO, size: int, name: str) -> str | None:
@@ -303,7 +305,7 @@ async def wait_until_complete(
 
 
 def _same_inode(a: Signature | None, b: Signature | None) -> bool:
-    return a is not None and b is not None and a[:2] == b[:2]
+    return a is not None and a.same_file(b)
 
 
 def _open_problem(s: _Seen, now: float, stable_s: float) -> str | None:
@@ -317,4 +319,4 @@ def _open_problem(s: _Seen, now: float, stable_s: float) -> str | None:
 
 
 def _size(signature: Signature | None) -> str:
-    return f"{_amount(signature[2])} so far" if signature else "gone"
+    return f"{_amount(signature.size)} so far" if signature else "gone"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import ModelConfig
+from hotreload.engine.file_stamp import FileStamp
 from hotreload.engine.ignore import IgnoreRules
 
 #: Above this a file is hard-linked instead of copied (when possible).
@@ -61,8 +62,7 @@ class Snapshot:
         out = []
         for path, sig in self.linked.items():
             try:
-                # Not the change time: each hard link made to the file moves it.
-                if _signature(os.stat(self.remap(path)))[:3] != sig[:3]:
+                if FileStamp.of_stat(os.stat(self.remap(path))) != sig:
                     out.append(path)
             except OSError:
                 out.append(path)  # our link is gone: nothing of the old bytes is left
@@ -103,12 +103,8 @@ def code_paths(
     }
 
 
-#: (inode, size, modification time, change time) of a file: any write or rename changes it.
-Signature = tuple[int, int, int, int]
-
-
-def _signature(st: os.stat_result) -> Signature:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+#: A file as it was copied or linked (file_stamp.py: any write or rename changes it).
+Signature = FileStamp
 
 
 def _place(
@@ -123,7 +119,7 @@ def _place(
     `previous` when the file has not changed since and had settled before it was taken."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     st = src.stat()
-    sig = _signature(st)
+    sig = FileStamp.of_stat(st)
     snap["sources"][src] = sig
     if (
         previous is not None

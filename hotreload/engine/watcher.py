@@ -25,6 +25,7 @@ from watchdog.observers.polling import PollingObserver
 
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.events import EventBus
+from hotreload.engine.file_stamp import FileStamp
 from hotreload.engine.ignore import IgnoreRules
 
 INOTIFY_ADVICE = (
@@ -49,8 +50,8 @@ OnChange = Callable[[Change], Awaitable[Any]]
 
 @dataclass(frozen=True)
 class _Fingerprint:
-    size: int
-    mtime_ns: int
+    #: A save changes it (file_stamp.py); while it holds, the content is not read again.
+    stamp: FileStamp
     digest: str
 
 
@@ -66,13 +67,13 @@ def _fingerprint(path: Path) -> _Fingerprint | None:
         if not path.is_file():
             return None
         if st.st_size >= HASH_BELOW_BYTES:
-            digest = f"stat:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+            digest = f"stat:{FileStamp.of_stat(st)}"
         else:
             with path.open("rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
-    return _Fingerprint(st.st_size, st.st_mtime_ns, digest)
+    return _Fingerprint(FileStamp.of_stat(st), digest)
 
 
 def _digest(fp: _Fingerprint | None) -> str | None:
@@ -377,13 +378,8 @@ class FileWatcher:
         """(content differs from the baseline, new fingerprint, stat unchanged so the
         fingerprint was not read)."""
         old = self._baseline.get(p)
-        try:
-            st = p.stat()
-            same_stat = (
-                old is not None and old.size == st.st_size and old.mtime_ns == st.st_mtime_ns
-            )
-        except OSError:
-            same_stat = False
+        stamp = FileStamp.of(p)
+        same_stat = old is not None and stamp is not None and old.stamp == stamp
         if same_stat:
             return False, old, True
         new = _fingerprint(p)

@@ -16,10 +16,10 @@ import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hotreload.config import ModelConfig
+from hotreload.engine.file_stamp import FileStamp
 from hotreload.errors import BadRequestError
 from hotreload.protocol.shared_state import validate_descriptor
 
@@ -108,18 +108,9 @@ def adopt_block(descriptor: Any) -> WeightsBlock | None:
     return WeightsBlock(fd, {**descriptor, "path": f"/proc/{os.getpid()}/fd/{fd}"})
 
 
-def files_signature(model: ModelConfig) -> tuple[Any, ...]:
-    """(inode, size, mtime) of each weights file: any save or rename changes it. Not the
-    change time: the snapshot's hard link to a large file moves it on every reload."""
-    out: list[Any] = []
-    for path in model.weights:
-        try:
-            st = Path(path).stat()
-        except OSError:
-            out.append(None)
-            continue
-        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
+def files_signature(model: ModelConfig) -> tuple[FileStamp | None, ...]:
+    """The stamp of each weights file (file_stamp.py): any save or rename changes it."""
+    return tuple(FileStamp.of(path) for path in model.weights)
 
 
 @dataclass
