@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", metavar="NAME", help="export only this model")
     t.set_defaults(func=_cmd_export_triton)
 
-    from hotreload.gpu import cli as gpu_cli
+    from hotreload.commands import gpu_tools as gpu_cli
 
     gpu_cli.register(sub)
 
@@ -148,13 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_completion(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from hotreload.completion import completion_main
+    from hotreload.commands.completion import completion_main
 
     return completion_main(parser, args.shell)
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from hotreload.config_template import write_starter_config
+    from hotreload.commands.init import write_starter_config
 
     return write_starter_config(args.path, force=args.force)
 
@@ -194,7 +194,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_triton(args: argparse.Namespace) -> int:
-    from hotreload.export.triton import export_triton_main
+    from hotreload.commands.export import export_triton_main
 
     return export_triton_main(args.out_dir, args.config, args.model)
 

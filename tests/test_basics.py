@@ -14,10 +14,10 @@ import pytest
 from hotreload import __version__
 from hotreload.cli import build_parser, main
 from hotreload.colour import wants_colour
-from hotreload.completion import bash_script, zsh_script
+from hotreload.commands.completion import bash_script, zsh_script
+from hotreload.commands.init import STARTER
+from hotreload.commands.printer import PlainPrinter
 from hotreload.config import find_config
-from hotreload.config_template import STARTER
-from hotreload.engine.printer import PlainPrinter
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from hotreload.errors import BadRequestError
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
 from hotreload.protocol.framing import Frame
-from hotreload.tui.scripted import gpu_scenario
+from tests.scripted_source import gpu_scenario
 from tests.support import ServeProcess
 
 XID_RECORD = (

@@ -1,4 +1,4 @@
-"""Plain mode (engine/printer.py): one line per event, from a table of formatters.
+"""Plain mode (commands/printer.py): one line per event, from a table of formatters.
 
 The expected lines are what the if-chain that the table replaced printed for the same
 events; every kind of engine/event_kinds.py is either printed or deliberately silent.
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from hotreload.engine.event_kinds import EVENT_TYPES
-from hotreload.engine.printer import (
+from hotreload.commands.printer import (
     EVENT_STYLES,
     FORMATTERS,
     SILENT_KINDS,
     PlainPrinter,
     format_event,
 )
+from hotreload.engine.event_kinds import EVENT_TYPES
 
 TRACEBACK = "Traceback (most recent call last):\n  File x\nValueError: boom\n"
 
@@ -358,7 +358,7 @@ def test_every_kind_is_printed_or_deliberately_silent() -> None:
     assert set(FORMATTERS) & SILENT_KINDS == set(), "printed and silent at once"
     missing = kinds - set(FORMATTERS) - SILENT_KINDS
     assert missing == set(), (
-        f"give {sorted(missing)} a formatter in engine/printer.py, or list them in SILENT_KINDS"
+        f"give {sorted(missing)} a formatter in commands/printer.py, or list them in SILENT_KINDS"
     )
     assert set(EVENT_STYLES) <= set(FORMATTERS), "a colour for a line never printed"
 

@@ -8,9 +8,9 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hotreload.commands.printer import PlainPrinter
 from hotreload.config import Config, load_config, with_cli_overrides
 from hotreload.engine.model import PhaseFailed
-from hotreload.engine.printer import PlainPrinter
 from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_OK, error_exit, exit_code_for

@@ -11,10 +11,10 @@ import sys
 from typing import Any
 
 from hotreload.commands import dashboard_ops
+from hotreload.commands.printer import PlainPrinter
 from hotreload.commands.serve import run_until_signal, run_with_config
 from hotreload.commands.watch_session import WatchSession
 from hotreload.config import Config
-from hotreload.engine.printer import PlainPrinter
 
 
 def _watch_session(config: Config) -> WatchSession:

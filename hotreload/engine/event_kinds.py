@@ -15,7 +15,7 @@ Adding a kind:
      `BaseEvent`. Fields hold JSON values (str, int, float, bool, lists and dicts of them);
      one that may be None is typed `X | None = None`. `ts` and `kind` are not field names.
   2. Emit it: `events.emit("the_kind", model=..., ...)` or `events.emit(TheKind(...))`.
-  3. Plain mode: give it a formatter in engine/printer.py's `FORMATTERS`, or list it in
+  3. Plain mode: give it a formatter in commands/printer.py's `FORMATTERS`, or list it in
      `SILENT_KINDS` there (tests/test_printer.py fails until it is one or the other). The
      dashboard (tui/app.py, tui/state.py) and /metrics (http/metrics.py) switch on the kind
      strings too: see whether they should show it.

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from hotreload.engine.events import EventBus
@@ -104,3 +104,14 @@ class GpuTelemetry:
         for part in (self._sampler, self._monitor):
             if part is not None:
                 await asyncio.to_thread(part.stop, 2.0)
+
+
+def describe_xid_sources(
+    sources: Iterable[dict[str, Any]], clean: Callable[[str], str] = str
+) -> str:
+    """`nvml off (why); kmsg on`: each Xid source, and why an inactive one is off."""
+    return "; ".join(
+        f"{s['name']} {'on' if s['active'] else 'off'}"
+        + ("" if s["active"] else f" ({clean(str(s['reason']))})")
+        for s in sources
+    )

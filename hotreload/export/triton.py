@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hotreload.config import Config, ModelConfig, load_config
+from hotreload.config import Config, ModelConfig
 from hotreload.engine.signature import output_dims
 from hotreload.engine.worker_proc import worker_spec
-from hotreload.errors import ConfigError
-from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.export.bundle import bundle_source
 from hotreload.export.code_copy import CodeCopy, CopyError, copy_code
 from hotreload.export.triton_config import NotExpressible, model_config
@@ -196,25 +194,3 @@ def requirements(exported: list[Exported]) -> str:
     return "Triton's Python environment must contain: " + ", ".join(
         f"{k}=={v}" if v[0].isdigit() else f"{k} ({v})" for k, v in need.items()
     )
-
-
-def export_triton_main(out_dir: str, config_path: str | None, model: str | None) -> int:
-    """The command: 0 when every model was exported, 1 when one failed, 2 for the config."""
-    try:
-        config = load_config(config_path)
-        models = [config.model(model)] if model else list(config.models)
-    except ConfigError as exc:
-        print(f"hotreload export: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    out = Path(out_dir).expanduser().resolve()
-    done: list[Exported] = []
-    for m in models:
-        try:
-            done.append(export_model(config, m, out))
-        except ExportError as exc:
-            print(f"hotreload export: {m.name!r} cannot be exported: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-        print("\n".join(describe(done[-1])))
-    print(requirements(done))
-    print(f"Start it: tritonserver --model-repository {out} (README: Moving to Triton and KServe)")
-    return EXIT_OK

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from hotreload.engine.cpus import format_cpus
 from hotreload.engine.model import ReloadOutcome
-from hotreload.engine.printer import describe_xid_sources
+from hotreload.engine.telemetry import describe_xid_sources
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
 from hotreload.tui.state import DashboardState, LiveReload

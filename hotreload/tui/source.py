@@ -1,7 +1,7 @@
 """The one seam between the dashboard and the engine: a `DashboardSource`.
 
 `RemoteSource` (`hotreload.tui.remote`) talks to a `hotreload watch` session in another
-process over its socket; the scripted source (`hotreload.tui.scripted`) replays fixed data
+process over its socket; the scripted source (`tests.scripted_source`) replays fixed data
 on a fixed clock for snapshot tests and screenshots. The app is the same either way: it
 only talks to this protocol.
 """

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hotreload.cli import main
+from hotreload.commands.gpu_tools import xid_main
 from hotreload.gpu import doctor
-from hotreload.gpu.cli import xid_main
 from hotreload.gpu.doctor import FAIL, OK, WARN
 from hotreload.gpu.kernel_log import KernelLogChoice
 from hotreload.gpu.nvml import GpuDevice, GpuSnapshot

@@ -25,7 +25,7 @@ NO_NVML_LIBRARY = ctypes.util.find_library("nvidia-ml") is None
 def test_importing_the_gpu_layer_loads_no_pynvml_torch_or_textual() -> None:
     code = (
         "import sys, hotreload.gpu, hotreload.gpu.xid, hotreload.gpu.nvml, hotreload.gpu.reset, "
-        "hotreload.gpu.doctor, hotreload.gpu.cli\n"
+        "hotreload.gpu.doctor, hotreload.commands.gpu_tools\n"
         "bad = [m for m in ('pynvml', 'torch', 'textual', 'cuda') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.tui.messages import EngineEvent, Sampled
 from hotreload.tui.render import sparkline, user_traceback
-from hotreload.tui.scripted import cpu_scenario
 from hotreload.tui.source import reset_target
+from tests.scripted_source import cpu_scenario
 
 
 def test_high_rate_messages_coalesce_but_outcomes_never_do() -> None:

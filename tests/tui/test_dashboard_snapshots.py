@@ -12,7 +12,7 @@ import pytest
 from textual.pilot import Pilot
 
 from hotreload.tui.app import DashboardApp, build_app
-from hotreload.tui.scripted import ScriptedSource, cpu_scenario, gpu_scenario
+from tests.scripted_source import ScriptedSource, cpu_scenario, gpu_scenario
 
 
 def scripted_app(scenario: Callable[[], tuple]) -> DashboardApp:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 
 from hotreload.engine.model import phases
-from hotreload.engine.model.jobs import Built, PhaseFailed, Retired
+from hotreload.engine.model.built import Built, Retired
+from hotreload.engine.model.jobs import PhaseFailed
 from hotreload.engine.model.phases import BuildSpec, RunPhase
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.worker_proc import WorkerOp, WorkerProcess

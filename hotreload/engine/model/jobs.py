@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from hotreload.engine.model.pushes import Overlay
-    from hotreload.engine.model.record import VersionInfo
     from hotreload.engine.worker_proc import WorkerProcess
 
 
@@ -64,29 +63,6 @@ class PhaseFailed(Exception):
 
 class Wedged(PhaseFailed):
     """Drain or sync past its deadline: the worker must be killed."""
-
-
-@dataclass
-class Built:
-    """What a strategy built: the worker with the new version staged or swapped in."""
-
-    worker: WorkerProcess
-    info: VersionInfo
-    #: The worker switched to the version on its own side already (a worker of its own);
-    #: False: it is staged beside the version the same worker serves (inplace).
-    swapped: bool
-    #: What the build noted for the outcome (a retry in a fresh process).
-    detail: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Retired:
-    """What became of the old worker or version after a swap (the release phase)."""
-
-    result: dict[str, Any]
-    #: The old worker, kept as the next standby (respawn), with its reuse count.
-    standby: WorkerProcess | None = None
-    recycled: int = 0
 
 
 @dataclass

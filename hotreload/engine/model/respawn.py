@@ -18,7 +18,8 @@ import dataclasses
 from typing import Any
 
 from hotreload.engine.model import phases
-from hotreload.engine.model.jobs import Built, PhaseFailed, Retired
+from hotreload.engine.model.built import Built, Retired
+from hotreload.engine.model.jobs import PhaseFailed
 from hotreload.engine.model.phases import BuildSpec, RunPhase
 from hotreload.engine.model.workers import Held, WorkerFactory
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError

@@ -37,9 +37,9 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import phases, pushes, snapshot_keeper, swaps
+from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.inplace import InPlace
 from hotreload.engine.model.jobs import (
-    Built,
     Job,
     JobLoop,
     PhaseFailed,
@@ -47,7 +47,6 @@ from hotreload.engine.model.jobs import (
     ReloadJob,
     ReloadOutcome,
     RestartJob,
-    Retired,
     StartJob,
     UnloadJob,
     Wedged,

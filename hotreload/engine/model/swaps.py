@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from hotreload.engine.model import phases
+from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.inplace import InPlace
-from hotreload.engine.model.jobs import Built, ReloadOutcome, Retired, Wedged
+from hotreload.engine.model.jobs import ReloadOutcome, Wedged
 from hotreload.engine.model.phases import RunPhase
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.state import ModelState

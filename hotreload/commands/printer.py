@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from hotreload.colour import paint, wants_colour
+from hotreload.engine.telemetry import describe_xid_sources
 
 #: The colour of an event's first line in a terminal (a traceback below it is dimmed).
 EVENT_STYLES = {
@@ -26,17 +27,6 @@ EVENT_STYLES = {
     "watch_paused": "yellow",
     "watch_waiting": "yellow",
 }
-
-
-def describe_xid_sources(
-    sources: Iterable[dict[str, Any]], clean: Callable[[str], str] = str
-) -> str:
-    """`nvml off (why); kmsg on`: each Xid source, and why an inactive one is off."""
-    return "; ".join(
-        f"{s['name']} {'on' if s['active'] else 'off'}"
-        + ("" if s["active"] else f" ({clean(str(s['reason']))})")
-        for s in sources
-    )
 
 
 Formatter = Callable[[dict[str, Any]], str]
