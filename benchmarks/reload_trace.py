@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -170,8 +171,12 @@ async def measure() -> dict[str, Trace]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", action="store_true", help="list every cross-file call")
+    parser.add_argument("--json", action="store_true", help="the calls of each job, as JSON")
     args = parser.parse_args()
     traces = asyncio.run(measure())
+    if args.json:
+        print(json.dumps({name: trace.calls for name, trace in traces.items()}))
+        return
     print(
         f"{'job':<10} {'cross-file calls':>16} {'files':>6} {'returns':>8}"
         f" {'calls w/o emits':>16} {'returns w/o emits':>18}"

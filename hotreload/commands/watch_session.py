@@ -13,6 +13,8 @@ from typing import Any
 
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
+from hotreload.engine.event_kinds import ConfigChanged
+from hotreload.engine.event_kinds import ConfigError as ConfigErrorEvent
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
@@ -55,15 +57,16 @@ class WatchSession:
             new = await asyncio.to_thread(load_config, self.config.path)
         except ConfigError as exc:
             self.session.events.emit(
-                "config_error", error=f"{exc}; the running session keeps its settings"
+                ConfigErrorEvent(error=f"{exc}; the running session keeps its settings")
             )
             return
         # --http and --metrics-port came from the command line, not the file.
         if replace(new, http=self.config.http) != self.config:
             self.session.events.emit(
-                "config_changed",
-                detail=f"{self.config.path.name} changed: settings are read at start, restart "
-                "`hotreload watch` to apply them",
+                ConfigChanged(
+                    detail=f"{self.config.path.name} changed: settings are read at start, restart "
+                    "`hotreload watch` to apply them"
+                )
             )
 
     async def _on_change(self, change: Change) -> None:

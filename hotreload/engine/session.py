@@ -15,6 +15,16 @@ from typing import Any, Protocol
 from hotreload.config import Config
 from hotreload.engine.cpus import CpuPlan, available_cpus, pin_process, pin_self, plan_cpus
 from hotreload.engine.endpoint import Endpoint, Reply
+from hotreload.engine.event_kinds import (
+    Cpus,
+    GpuReset,
+    RewarmDone,
+    RewarmStarted,
+    SessionStarted,
+    SessionStopped,
+    SessionStopping,
+    StartFailed,
+)
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
@@ -146,10 +156,7 @@ class Session:
             self._leave_cpus()  # stop() may never run: an embedding process keeps its CPUs
             raise
         self.events.emit(
-            "session_started",
-            socket=str(self.socket_path),
-            pid=os.getpid(),
-            models=list(self.models),
+            SessionStarted(socket=str(self.socket_path), pid=os.getpid(), models=list(self.models))
         )
 
     async def start(self, *, keep_others: bool = False) -> list[str]:
@@ -169,11 +176,12 @@ class Session:
             for host, err in errors:
                 detail = getattr(err, "remote_traceback", None)
                 self.events.emit(
-                    "start_failed",
-                    model=host.name,
-                    phase=getattr(err, "phase", None),
-                    error=str(err),
-                    traceback=detail,
+                    StartFailed(
+                        model=host.name,
+                        phase=getattr(err, "phase", None),
+                        error=str(err),
+                        traceback=detail,
+                    )
                 )
             if not keep_others or len(errors) == len(self.models):
                 raise errors[0][1]
@@ -181,7 +189,7 @@ class Session:
 
     async def stop(self) -> None:
         """Stop intake, drain and stop every worker, remove the socket."""
-        self.events.emit("session_stopping")
+        self.events.emit(SessionStopping())
         try:
             if self.stats_log is not None:
                 await self.stats_log.stop()
@@ -199,7 +207,7 @@ class Session:
             await asyncio.to_thread(_remove_snapshots, self.snapshot_dir)
         finally:
             self._leave_cpus()
-        self.events.emit("session_stopped")
+        self.events.emit(SessionStopped())
         self.events.close()
 
     def _place_on_cpus(self) -> None:
@@ -222,10 +230,11 @@ class Session:
         plan = self.cpu_plan
         if plan.serving or plan.notes:
             self.events.emit(
-                "cpus",
-                serving={k: sorted(v) for k, v in plan.serving.items()},
-                rest=sorted(plan.rest),
-                detail=plan.describe(),
+                Cpus(
+                    serving={k: sorted(v) for k, v in plan.serving.items()},
+                    rest=sorted(plan.rest),
+                    detail=plan.describe(),
+                )
             )
 
     def release_from_cpus(self, pid: int) -> None:
@@ -299,18 +308,19 @@ class Session:
         index = int(device.split(":")[1]) if ":" in device else 0
         if mode == "ask":
             self.events.emit(
-                "gpu_reset",
-                model=host.name,
-                ok=False,
-                message=f"a GPU reset may help {device}: press x in the dashboard to review "
-                'and confirm it (reset = "ask")',
+                GpuReset(
+                    model=host.name,
+                    ok=False,
+                    message=f"a GPU reset may help {device}: press x in the dashboard to review "
+                    'and confirm it (reset = "ask")',
+                )
             )
             return
         result = await asyncio.to_thread(
             reset_on_wedge, mode, index, self.worker_pids(), list(self.telemetry.xids)
         )
         if result is not None:
-            self.events.emit("gpu_reset", model=host.name, ok=result.ok, message=result.message)
+            self.events.emit(GpuReset(model=host.name, ok=result.ok, message=result.message))
 
     def ignore_rules(self, model_globs: tuple[str, ...] = ()) -> IgnoreRules:
         """What never triggers a reload (or goes into a snapshot) for a model."""
@@ -341,16 +351,14 @@ class Session:
         host = self.model(name)
         if host.worker is None or not host.worker.alive:
             raise BadRequestError(f"model {host.name!r} has no running worker to warm")
-        self.events.emit("rewarm_started", model=host.name)
+        self.events.emit(RewarmStarted(model=host.name))
         r = await host.worker.request(
             WorkerOp.WARM,
             host.model.deadlines.warm_s,
             target="current",
             iters=host.model.warmup_iters,
         )
-        self.events.emit(
-            "rewarm_done", model=host.name, warm_s=r["warm_s"], passes_ms=r["passes_ms"]
-        )
+        self.events.emit(RewarmDone(model=host.name, warm_s=r["warm_s"], passes_ms=r["passes_ms"]))
         return r
 
     async def unload_model(self, name: str) -> None:

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
+from hotreload.engine.event_kinds import GpuUnavailable, Xid, XidSources
 from hotreload.engine.events import EventBus
 
 #: Read the kernel log from this path instead (tests point it at a FIFO).
@@ -64,11 +65,12 @@ class GpuTelemetry:
             self._monitor.start()
             await asyncio.to_thread(self._monitor.wait_ready, 3.0)
             self.events.emit(
-                "xid_sources",
-                sources=[
-                    {"name": s.name, "active": s.active, "reason": s.reason}
-                    for s in self._monitor.sources
-                ],
+                XidSources(
+                    sources=[
+                        {"name": s.name, "active": s.active, "reason": s.reason}
+                        for s in self._monitor.sources
+                    ]
+                )
             )
 
     def _from_thread(self, fn: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -84,13 +86,13 @@ class GpuTelemetry:
         first = self.snapshot is None
         self.snapshot = snapshot
         if first and not snapshot.available:
-            self.events.emit("gpu_unavailable", reason=snapshot.reason)
+            self.events.emit(GpuUnavailable(reason=snapshot.reason))
 
     def _on_xid(self, event: Any) -> None:
         from hotreload.gpu.xid import event_to_json
 
         self.xids.append(event)
-        self.events.emit("xid", **event_to_json(event))
+        self.events.emit(Xid(**event_to_json(event)))
 
     @property
     def xid_sources(self) -> list[dict[str, Any]]:

@@ -24,6 +24,15 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from hotreload.config import Config, ModelConfig
+from hotreload.engine.event_kinds import (
+    BaseEvent,
+    ChangeDetected,
+    WatchError,
+    Watching,
+    WatchPaused,
+    WatchResumed,
+    WatchWaiting,
+)
 from hotreload.engine.events import EventBus
 from hotreload.engine.file_stamp import FileStamp
 from hotreload.engine.ignore import IgnoreRules
@@ -188,16 +197,17 @@ class FileWatcher:
 
     def _walk_error(self, exc: OSError) -> None:
         self._emit_threadsafe(
-            "watch_error",
-            error=f"cannot read folder {exc.filename}: {exc.strerror}; fix its permissions or "
-            "remove it from the model's `watch` paths",
+            WatchError(
+                error=f"cannot read folder {exc.filename}: {exc.strerror}; fix its permissions "
+                "or remove it from the model's `watch` paths"
+            )
         )
 
-    def _emit_threadsafe(self, kind: str, **fields: Any) -> None:
+    def _emit_threadsafe(self, event: BaseEvent) -> None:
         if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(lambda: self.events.emit(kind, **fields))
+            self._loop.call_soon_threadsafe(lambda: self.events.emit(event))
         else:
-            self.events.emit(kind, **fields)
+            self.events.emit(event)
 
     def _take_baseline(self) -> dict[Path, _Fingerprint | None]:
         return {p: _fingerprint(p) for p in set(self._tracked_files())}
@@ -222,12 +232,11 @@ class FileWatcher:
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EMFILE):
                     self.events.emit(
-                        "watch_error",
-                        error=f"inotify watch limit reached ({exc}); {INOTIFY_ADVICE}",
+                        WatchError(error=f"inotify watch limit reached ({exc}); {INOTIFY_ADVICE}")
                     )
                 else:
                     self.events.emit(
-                        "watch_error", error=f"cannot watch with inotify ({exc}); polling instead"
+                        WatchError(error=f"cannot watch with inotify ({exc}); polling instead")
                     )
                 self.poll = True
         if self.poll:
@@ -237,12 +246,13 @@ class FileWatcher:
         # after start-up would go unseen.
         await asyncio.to_thread(_wait_for_emitters, self._observer, 5.0)
         self.events.emit(
-            "watching",
-            paths=[str(r) for r in roots],
-            files=len(self._baseline),
-            quiet_ms=round(self.quiet_s * 1000),
-            max_wait_ms=round(self.max_wait_s * 1000),
-            mode="polling" if self.poll else "inotify",
+            Watching(
+                paths=[str(r) for r in roots],
+                files=len(self._baseline),
+                quiet_ms=round(self.quiet_s * 1000),
+                max_wait_ms=round(self.max_wait_s * 1000),
+                mode="polling" if self.poll else "inotify",
+            )
         )
         if self._primed:
             self._primed = False
@@ -257,9 +267,10 @@ class FileWatcher:
         if os.access(root, os.R_OK | os.X_OK):
             return True
         self.events.emit(
-            "watch_error",
-            error=f"cannot read folder {root}: permission denied; fix its permissions or remove "
-            "it from the model's `watch` paths (it is not watched)",
+            WatchError(
+                error=f"cannot read folder {root}: permission denied; fix its permissions or "
+                "remove it from the model's `watch` paths (it is not watched)"
+            )
         )
         return False
 
@@ -298,13 +309,13 @@ class FileWatcher:
         self.paused = True
         self._pending.clear()
         self.waiting.clear()
-        self.events.emit("watch_paused")
+        self.events.emit(WatchPaused())
 
     async def resume(self) -> None:
         """Reload what was edited while paused (compared with what is loaded)."""
         self.paused = False
         waiting, self.waiting = len(self.waiting), set()
-        self.events.emit("watch_resumed", waiting=waiting)
+        self.events.emit(WatchResumed(waiting=waiting))
         self._spawn(self._dispatch_all())
 
     # ------------------------------------------------------------------ coalescing
@@ -322,7 +333,7 @@ class FileWatcher:
         if self._first_at is None:
             self._first_at = now
             # Marks the start of the debounce window (benchmarks split detect / debounce).
-            self.events.emit("change_detected", path=text)
+            self.events.emit(ChangeDetected(path=text))
         self._pending.add(path)
         if self._timer is not None:
             self._timer.cancel()
@@ -364,7 +375,7 @@ class FileWatcher:
                 else:
                     self.waiting.discard(p)
             if len(self.waiting) != before and self.paused:
-                self.events.emit("watch_waiting", waiting=len(self.waiting))
+                self.events.emit(WatchWaiting(waiting=len(self.waiting)))
 
         self._spawn(count())
 

@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hotreload import __version__
+from hotreload.engine.event_kinds import HttpStarted
 from hotreload.errors import (
     BadRequestError,
     ClientError,
@@ -472,12 +473,13 @@ async def start_http(
         metrics_app.add_routes([web.get("/metrics", kapp.prometheus)])
         endpoint.metrics_port = await endpoint.listen(metrics_app, metrics_port)
     session.events.emit(
-        "http_started",
-        url=endpoint.url,
-        host=host,
-        port=endpoint.port,
-        metrics_url=_url(host, endpoint.metrics_port) + "/metrics"
-        if endpoint.metrics_port is not None
-        else endpoint.url + "/metrics",
+        HttpStarted(
+            url=endpoint.url,
+            host=host,
+            port=endpoint.port,
+            metrics_url=_url(host, endpoint.metrics_port) + "/metrics"
+            if endpoint.metrics_port is not None
+            else endpoint.url + "/metrics",
+        )
     )
     return endpoint

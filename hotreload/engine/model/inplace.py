@@ -58,6 +58,4 @@ class InPlace:
 
     async def retire(self, old: WorkerProcess, gone: str | None, keep: bool) -> Retired:
         """The old version lived in the serving worker: free it there."""
-        return Retired(
-            await phases.release(old, "retired", self.workers.model.deadlines.stop_s)
-        )
+        return Retired(await phases.release(old, "retired", self.workers.model.deadlines.stop_s))

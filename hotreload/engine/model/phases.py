@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 from hotreload.config import ModelConfig
 from hotreload.config.models import Deadlines
 from hotreload.engine.checkpoint_ready import wait_until_complete
+from hotreload.engine.event_kinds import CheckpointWait, PhaseEnd, PhaseStart
 from hotreload.engine.events import EventBus
 from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
 from hotreload.engine.model.pushes import Overlay, WeightsBlock, adopt_block, plan_weights
@@ -79,7 +80,7 @@ class PhaseClock:
         if state:
             self._set_state(state)
         if self.outcome is not None:
-            self.events.emit("phase_start", model=self.model, phase=name)
+            self.events.emit(PhaseStart(model=self.model, phase=name))
         t0 = time.monotonic()
         detail: str | None = None
         ok, skipped = True, False
@@ -107,13 +108,14 @@ class PhaseClock:
             if self.outcome is not None:
                 self.outcome.phases[name] = duration
                 self.events.emit(
-                    "phase_end",
-                    model=self.model,
-                    phase=name,
-                    duration_s=duration,
-                    ok=ok,
-                    skipped=skipped,
-                    detail=detail,
+                    PhaseEnd(
+                        model=self.model,
+                        phase=name,
+                        duration_s=duration,
+                        ok=ok,
+                        skipped=skipped,
+                        detail=detail,
+                    )
                 )
 
 
@@ -374,10 +376,11 @@ async def wait_for_checkpoints(run: RunPhase, model: ModelConfig, events: EventB
     def on_wait(path: Path, problem: str) -> None:
         waited.append(f"{path.name} ({problem})")
         events.emit(
-            "checkpoint_wait",
-            model=model.name,
-            file=str(path),
-            message=f"waiting up to {deadline:g} s for {path.name} to be complete ({problem})",
+            CheckpointWait(
+                model=model.name,
+                file=str(path),
+                message=f"waiting up to {deadline:g} s for {path.name} to be complete ({problem})",
+            )
         )
 
     async def checkpoint() -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import psutil
 
 from hotreload.config import ModelConfig
+from hotreload.engine.event_kinds import Policy
 from hotreload.engine.events import EventBus
 from hotreload.engine.memory_limits import cgroup_memory
 from hotreload.engine.model.phases import MIB
@@ -30,7 +31,7 @@ async def choose_policy(
 ) -> str:
     """The policy of the next reload, said with why as a `policy` event."""
     policy, reason = await _choose(model, current, worker, worker_status)
-    events.emit("policy", model=model.name, policy=policy, reason=reason)
+    events.emit(Policy(model=model.name, policy=policy, reason=reason))
     return policy
 
 

@@ -12,6 +12,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from hotreload.engine.event_kinds import (
+    RestartFailed,
+    SnapshotRewritten,
+    Wedged,
+    WorkerDied,
+    WorkerRestarted,
+)
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import phases, snapshot_keeper
 from hotreload.engine.model.jobs import Job, PhaseFailed, ReloadOutcome, RestartJob
@@ -47,7 +54,7 @@ async def restart(
         await escalate()
     told = snapshot_keeper.rewritten_message(rec.good_snapshot, spec.version)
     if told is not None:
-        st.events.emit("snapshot_rewritten", model=st.name, files=told[0], message=told[1])
+        st.events.emit(SnapshotRewritten(model=st.name, files=told[0], message=told[1]))
     run = st.runner(None)
     delay = 0.2
     try:
@@ -59,19 +66,14 @@ async def restart(
             except PhaseFailed as exc:
                 st.note_error(f"restart {attempt}/{RESTART_ATTEMPTS} failed in {exc.phase}: {exc}")
                 st.events.emit(
-                    "restart_failed", model=st.name, attempt=attempt, phase=exc.phase,
-                    error=str(exc),
-                )  # fmt: skip
+                    RestartFailed(model=st.name, attempt=attempt, phase=exc.phase,
+                    error=str(exc)))  # fmt: skip
                 await asyncio.sleep(delay)
                 delay *= 2
                 continue
             st.count_restart()
             st.events.emit(
-                "worker_restarted",
-                model=st.name,
-                pid=worker.pid,
-                version=spec.version,
-                reason=reason,
+                WorkerRestarted(model=st.name, pid=worker.pid, version=spec.version, reason=reason)
             )
             st.install(worker, info)
             return
@@ -171,7 +173,7 @@ class Recovery:
         """A reload's drain or sync passed its deadline: kill the worker and restart it
         (cudaStreamSynchronize may never return: only killing the process gets out)."""
         st = self.st
-        st.events.emit("wedged", model=st.name, phase=exc.phase, detail=str(exc))
+        st.events.emit(Wedged(model=st.name, phase=exc.phase, detail=str(exc)))
         st.set_state("wedged", phase=exc.phase)
         await self.restart(f"wedged in {exc.phase}", wedged=True)
         return wedge_note(st, exc)
@@ -198,7 +200,7 @@ class Recovery:
         st = self.st
         if self.closed or worker is not st.record.serving:
             return
-        st.events.emit("worker_died", model=st.name, pid=worker.pid, reason=worker.exit_reason)
+        st.events.emit(WorkerDied(model=st.name, pid=worker.pid, reason=worker.exit_reason))
         # Queued behind the job running now: a reload whose worker died restarts it itself,
         # and this job then finds it replaced.
         self.submit(RestartJob(reason=worker.exit_reason or "worker died", worker=worker))
@@ -222,10 +224,11 @@ class Recovery:
                 continue
             st.set_state("wedged", forward_s=age)
             st.events.emit(
-                "wedged",
-                model=st.name,
-                phase="serve",
-                detail=f"a forward has run for {age:.1f} s (limit {limit:g} s)",
+                Wedged(
+                    model=st.name,
+                    phase="serve",
+                    detail=f"a forward has run for {age:.1f} s (limit {limit:g} s)",
+                )
             )
             worker = st.record.serving
             self.submit(

@@ -13,6 +13,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from hotreload.engine.event_kinds import StandbyFailed, StandbyReady
 from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.snapshots import code_paths
@@ -20,9 +21,7 @@ from hotreload.engine.worker_proc import WorkerProcess
 
 
 class StandbyKeeper:
-    def __init__(
-        self, st: ModelState, workers: WorkerFactory, root: Path, strategy: Any
-    ) -> None:
+    def __init__(self, st: ModelState, workers: WorkerFactory, root: Path, strategy: Any) -> None:
         self.st = st
         self.workers = workers
         self.root = root
@@ -45,18 +44,16 @@ class StandbyKeeper:
 
     async def _start(self) -> None:
         try:
-            worker = await self.workers.spawn(
-                code_paths(self.st.model, self.root), standby=True
-            )
+            worker = await self.workers.spawn(code_paths(self.st.model, self.root), standby=True)
         except Exception as exc:
             # Not fatal: the next reload spawns a worker as if there were no standby.
-            self.st.events.emit("standby_failed", model=self.st.name, error=str(exc))
+            self.st.events.emit(StandbyFailed(model=self.st.name, error=str(exc)))
             return
         if self._closed:
             await worker.kill()
             return
         self.st.set_standby(worker)
-        self.st.events.emit("standby_ready", model=self.st.name, pid=worker.pid, recycled=0)
+        self.st.events.emit(StandbyReady(model=self.st.name, pid=worker.pid, recycled=0))
 
     async def take(self) -> WorkerProcess | None:
         """The standby for this reload, or None. One still starting (at low priority) is
@@ -76,7 +73,7 @@ class StandbyKeeper:
         worker.recycled = recycled
         self.st.set_standby(worker)
         self.st.events.emit(
-            "standby_ready", model=self.st.name, pid=worker.pid, recycled=recycled, after=after
+            StandbyReady(model=self.st.name, pid=worker.pid, recycled=recycled, after=after)
         )
 
     async def _cancel_start(self) -> None:

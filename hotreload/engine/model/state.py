@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, ModelConfig
+from hotreload.engine.event_kinds import ModelNote, PhaseEnd, Ready, SnapshotSkipped, State
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
@@ -50,7 +51,7 @@ class ModelState:
     def set_state(self, state: str, **fields: Any) -> None:
         if state != self.record.state:
             self.record.state = state
-            self.events.emit("state", model=self.name, state=state, **fields)
+            self.events.emit(State(model=self.name, state=state, **fields))
 
     def note_error(self, error: str | None) -> None:
         self.record.last_error = error
@@ -102,18 +103,19 @@ class ModelState:
         router.input_form, router.input_signature = info.input_form, info.inputs
         self.set_state("serving", version=info.version)
         for text in info.notes:  # outputs left out of replies, once per session
-            self.events.emit_once("model_note", model=self.name, message=text)
+            self.events.emit_once(ModelNote(model=self.name, message=text))
         if announce:
             self.events.emit(
-                "ready",
-                model=self.name,
-                version=info.version,
-                device=worker.device,
-                pid=worker.pid,
-                load_s=info.load_s,
-                warm_s=info.warm_s,
-                inputs=describe_dynamic(info.inputs),
-                digest=info.digest,
+                Ready(
+                    model=self.name,
+                    version=info.version,
+                    device=worker.device,
+                    pid=worker.pid,
+                    load_s=info.load_s,
+                    warm_s=info.warm_s,
+                    inputs=describe_dynamic(info.inputs),
+                    digest=info.digest,
+                )
             )
         if handover:
             router.handover(worker)
@@ -211,7 +213,7 @@ class ModelState:
             folder, config, self.model, version, ignore, self.record.good_snapshot
         )
         if isinstance(taken, str):
-            self.events.emit("snapshot_skipped", model=self.name, reason=taken)
+            self.events.emit(SnapshotSkipped(model=self.name, reason=taken))
             return None
         return taken
 
@@ -255,12 +257,13 @@ class ModelState:
             if waited > 0.005 and outcome is not None:
                 outcome.phases["lock"] = waited
                 self.events.emit(
-                    "phase_end",
-                    model=self.name,
-                    phase="lock",
-                    duration_s=waited,
-                    ok=True,
-                    detail=waited_note[0] if waited_note else None,
+                    PhaseEnd(
+                        model=self.name,
+                        phase="lock",
+                        duration_s=waited,
+                        ok=True,
+                        detail=waited_note[0] if waited_note else None,
+                    )
                 )
             yield
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, ModelConfig
+from hotreload.engine.event_kinds import RecycleDisabled, ReloadRequested, WeightsOverride
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
@@ -206,11 +207,9 @@ class ModelSupervisor:
 
     def _requested(self, trigger: str, detail: list[str]) -> None:
         self.events.emit(
-            "reload_requested",
-            model=self.name,
-            trigger=trigger,
-            detail=", ".join(detail) or None,
-            queued=self.busy,
+            ReloadRequested(
+                model=self.name, trigger=trigger, detail=", ".join(detail) or None, queued=self.busy
+            )
         )
 
     # ------------------------------------------------------------------ the job loop
@@ -295,8 +294,12 @@ class ModelSupervisor:
                 old, candidate = rec.serving, None
                 try:
                     cold = old is None or not old.alive or rec.current is None
-                    outcome.policy = "start" if cold else await choose_policy(
-                        self.model, rec.current, old, self.worker_status, self.events
+                    outcome.policy = (
+                        "start"
+                        if cold
+                        else await choose_policy(
+                            self.model, rec.current, old, self.worker_status, self.events
+                        )
                     )
                     await phases.wait_for_checkpoints(run, self.model, self.events)
                     candidate = await st.snapshot(
@@ -377,13 +380,13 @@ class ModelSupervisor:
         finally:
             if isinstance(strategy, Respawn) and strategy.recycle_off and not strategy.told:
                 strategy.told = True
-                self.events.emit("recycle_disabled", model=self.name, reason=strategy.recycle_off)
+                self.events.emit(RecycleDisabled(model=self.name, reason=strategy.recycle_off))
         outcome.detail.extend(built.detail)
         warning = job and override_warning(self.model, job, self.current, built.info)
         if warning and not self.override_warned:
             self.override_warned = True
             self.events.emit(
-                "weights_override", model=self.name, version=built.info.version, message=warning
+                WeightsOverride(model=self.name, version=built.info.version, message=warning)
             )
         return built
 

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from hotreload.engine.event_kinds import RestoreFailed
 from hotreload.engine.model import phases
 from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.inplace import InPlace
@@ -133,7 +134,7 @@ async def restore(st: ModelState, old: WorkerProcess) -> None:
         return
     why = await phases.restore(old, st.model.deadlines.load_s)
     if why is not None:
-        st.events.emit("restore_failed", model=st.name, error=why)
+        st.events.emit(RestoreFailed(model=st.name, error=why))
         return
     st.open_gate()
 
@@ -155,14 +156,16 @@ async def retire(
 
 @contextlib.asynccontextmanager
 async def retiring(st: ModelState, old: WorkerProcess | None) -> AsyncIterator[None]:
-    """From the swap on, the old worker is neither the serving one nor the standby: if the
-    reload stops here (cancelled at shutdown, a bug of ours), it stops with it."""
+    """From the swap on, the old worker is neither the serving one nor the standby: the
+    reload owns it (WorkerFactory.owned) until the release phase has stopped, killed or kept
+    it, so if the reload stops before (cancelled at shutdown, a bug of ours) it goes too."""
     st.set_retiring(old)
     try:
-        yield
-    except BaseException:
-        if old is not None and st.record.standby is not old:
-            await old.kill()
-        raise
+        if old is None:
+            yield
+            return
+        async with st.workers.owned(old) as held:
+            yield
+            held.keep()
     finally:
         st.set_retiring(None)

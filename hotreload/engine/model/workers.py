@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.cpus import pin_process
+from hotreload.engine.event_kinds import CpusFailed, WorkerStarted
 from hotreload.engine.model.jobs import PhaseFailed
 from hotreload.engine.worker_proc import WorkerDied, WorkerProcess, WorkerReplyError
 
@@ -55,14 +56,15 @@ class WorkerFactory:
         name = self.model.name
 
         def started(worker: WorkerProcess) -> None:
-            events.emit("worker_started", model=name, pid=worker.pid, device=worker.device)
+            events.emit(WorkerStarted(model=name, pid=worker.pid, device=worker.device))
 
         def pin_failed(pid: int) -> None:
             events.emit(
-                "cpus_failed",
-                model=name,
-                pid=pid,
-                detail="could not move every thread of the worker; it runs where it is",
+                CpusFailed(
+                    model=name,
+                    pid=pid,
+                    detail="could not move every thread of the worker; it runs where it is",
+                )
             )
 
         self.on_started, self.on_pin_failed = started, pin_failed
