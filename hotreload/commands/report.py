@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, Xid
+from hotreload.engine.events import typed
 from hotreload.engine.stats_log import STATS_FILE
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, error_exit
 
@@ -84,33 +86,35 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def read_log(state_dir: Path) -> Log:
     events = _read_jsonl(state_dir / "events.jsonl")
     samples = _read_jsonl(state_dir / STATS_FILE)
-    phase_ends = [e for e in events if e.get("kind") == "phase_end"]
+    # The events as their classes (engine/event_kinds.py), each with its time.
+    seen = [(float(e["ts"]), ev) for e in events if (ev := typed(e)) is not None]
+    phase_ends = [(ts, p) for ts, p in seen if isinstance(p, PhaseEnd)]
     reloads = []
-    for e in events:
-        if e.get("kind") not in ("reload_done", "reload_failed"):
+    for end, e in seen:
+        if not isinstance(e, (ReloadDone, ReloadFailed)):
             continue
-        end, total = float(e["ts"]), float(e.get("total_s") or 0.0)
+        total = float(e.total_s or 0.0)
         r = Reload(
-            model=str(e.get("model")),
-            ok=e["kind"] == "reload_done",
-            version=int(e.get("version") or 0),
+            model=e.model,
+            ok=isinstance(e, ReloadDone),
+            version=int(e.version or 0),
             started=end - total,
             total_s=total,
-            trigger=str(e.get("trigger") or ""),
-            error=e.get("error"),
+            trigger=e.trigger or "",
+            error=e.error,
         )
-        for p in phase_ends:
-            ts, dur = float(p["ts"]), float(p.get("duration_s") or 0.0)
-            if p.get("model") == r.model and r.started - 0.01 <= ts - dur and ts <= end + 0.01:
+        for ts, p in phase_ends:
+            dur = float(p.duration_s or 0.0)
+            if p.model == r.model and r.started - 0.01 <= ts - dur and ts <= end + 0.01:
                 offset = max(0.0, ts - dur - r.started)
-                r.phases.append((str(p.get("phase")), offset, dur, bool(p.get("ok", True))))
+                r.phases.append((p.phase, offset, dur, p.ok is not False))
         reloads.append(r)
     times = [float(e["ts"]) for e in events] + [float(s["ts"]) for s in samples]
     return Log(
         reloads=reloads,
         stats=[s for s in samples if s.get("kind") == "stats"],
         memory=[s for s in samples if s.get("kind") == "memory"],
-        xids=[e for e in events if e.get("kind") == "xid"],
+        xids=[e for e in events if isinstance(typed(e), Xid)],
         start=min(times, default=0.0),
         end=max(times, default=0.0),
     )

@@ -13,8 +13,9 @@ from typing import Any
 
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
-from hotreload.engine.event_kinds import ConfigChanged
+from hotreload.engine.event_kinds import ConfigChanged, ReloadDone
 from hotreload.engine.event_kinds import ConfigError as ConfigErrorEvent
+from hotreload.engine.events import typed
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import Change, FileWatcher
@@ -46,7 +47,7 @@ class WatchSession:
         # HTTP load): the session is no longer in a failed start, for a dashboard
         # attaching now as for the one already open.
         if (
-            event.get("kind") == "reload_done"
+            isinstance(typed(event), ReloadDone)
             and self.start_state == "failed"
             and all(h.state == "serving" for h in self.session.models.values())
         ):

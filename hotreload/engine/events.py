@@ -85,13 +85,26 @@ def as_dict(event: BaseEvent, ts: float) -> dict[str, Any]:
 def from_dict(event: dict[str, Any], *, strict: bool = True) -> BaseEvent:
     """The dataclass for an event dict (a subscriber's, or a line of events.jsonl).
     `strict=False` drops keys the kind does not declare (a file an older or newer hotreload
-    wrote; the dashboard's `replayed` mark) instead of raising TypeError."""
+    wrote; the dashboard's `replayed` mark) and sets those it lacks to None, instead of
+    raising TypeError."""
     kind = str(event.get("kind"))
     fields = {k: v for k, v in event.items() if k not in RESERVED}
     cls = EVENT_TYPES.get(kind)
     if not strict and cls is not None:
-        fields = {k: v for k, v in fields.items() if k in cls.field_names}
+        # A reader is lenient both ways: fields it does not know go, fields the line lacks
+        # (an older hotreload wrote it) are None.
+        fields = {k: fields.get(k) for k in cls.field_names}
     return build(kind, fields)
+
+
+def typed(event: dict[str, Any]) -> BaseEvent | None:
+    """The dataclass of an event dict as a subscriber gets it (or a line of events.jsonl),
+    for consumers to match on its class; None for a kind this hotreload does not know (a
+    file a newer one wrote) or fields that do not fit it."""
+    try:
+        return from_dict(event, strict=False)
+    except TypeError:
+        return None
 
 
 # ------------------------------------------------------------------ the file and the bus

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hotreload.engine.event_kinds import Ready, ReloadDone
+from hotreload.engine.events import typed
 from hotreload.engine.stats import percentile
 from hotreload.errors import HotreloadError
 from hotreload.paths import open_private
@@ -99,7 +101,7 @@ class StatsRecorder:
         }
 
     def _on_event(self, event: dict[str, Any]) -> None:
-        if event.get("kind") not in ("ready", "reload_done"):
+        if not isinstance(typed(event), (Ready, ReloadDone)):
             return
         host = self.session.models.get(str(event.get("model")))
         if host is None:

@@ -28,6 +28,8 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 
+from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, Xid
+from hotreload.engine.events import typed
 from hotreload.engine.model import STATES
 from hotreload.engine.stats import LatencyWindow
 
@@ -189,30 +191,25 @@ class SessionMetrics:
         self.http_bad_requests[model] = self.http_bad_requests.get(model, 0) + 1
 
     def on_event(self, e: dict[str, Any]) -> None:
-        kind, model = e.get("kind"), str(e.get("model", ""))
-        if kind == "phase_end":
-            duration = e.get("duration_s")
-            if not e.get("skipped") and isinstance(duration, (int, float)):
-                self.reload_phase_seconds.labels(model, str(e.get("phase"))).observe(duration)
-        elif kind == "reload_done":
-            trigger = str(e.get("trigger") or "unknown")
-            self.reloads.labels(model, "success", trigger).inc()
-            total = e.get("total_s")
-            if isinstance(total, (int, float)):
-                self.reload_seconds.labels(model).observe(total)
-        elif kind == "reload_failed":
-            trigger = str(e.get("trigger") or "unknown")
-            self.reloads.labels(model, "failed", trigger).inc()
-            self.reload_failures.labels(model, str(e.get("phase") or "unknown")).inc()
-        elif kind == "xid":
-            # The engine emits `event_to_json(XidEvent)`, which names the index "device".
-            gpu = e.get("device")
-            self.xid_events.labels(
-                "" if gpu is None else str(gpu),
-                str(e.get("xid")),
-                str(e.get("name") or ""),
-                str(e.get("severity") or ""),
-            ).inc()
+        match typed(e):
+            case PhaseEnd(model=model, phase=phase, duration_s=duration, skipped=skipped):
+                if not skipped and isinstance(duration, (int, float)):
+                    self.reload_phase_seconds.labels(model, phase).observe(duration)
+            case ReloadDone(model=model, trigger=trigger, total_s=total):
+                self.reloads.labels(model, "success", trigger or "unknown").inc()
+                if isinstance(total, (int, float)):
+                    self.reload_seconds.labels(model).observe(total)
+            case ReloadFailed(model=model, trigger=trigger, phase=phase):
+                self.reloads.labels(model, "failed", trigger or "unknown").inc()
+                self.reload_failures.labels(model, phase or "unknown").inc()
+            case Xid() as x:
+                # The engine emits `event_to_json(XidEvent)`, which names the index "device".
+                self.xid_events.labels(
+                    "" if x.device is None else str(x.device),
+                    str(x.xid),
+                    str(x.name or ""),
+                    str(x.severity or ""),
+                ).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

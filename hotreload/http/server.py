@@ -26,7 +26,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hotreload import __version__
-from hotreload.engine.event_kinds import HttpStarted
+from hotreload.engine.event_kinds import HttpStarted, SessionStopping
+from hotreload.engine.events import typed
 from hotreload.errors import (
     BadRequestError,
     ClientError,
@@ -143,7 +144,7 @@ class KServeApp:
         self._unsubscribe = session.events.subscribe(self._on_event)
 
     def _on_event(self, event: dict[str, Any]) -> None:
-        if event.get("kind") == "session_stopping":
+        if isinstance(typed(event), SessionStopping):
             self.stopping = True
 
     def close(self) -> None:

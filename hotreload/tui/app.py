@@ -20,7 +20,27 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer
 
-from hotreload.engine.events import Event
+from hotreload.engine.event_kinds import (
+    ConfigChanged,
+    ConfigError,
+    GpuReset,
+    PhaseEnd,
+    PhaseStart,
+    Ready,
+    ReloadDone,
+    ReloadFailed,
+    ReloadRequested,
+    SessionLost,
+    SessionStopping,
+    State,
+    WatchError,
+    WatchWaiting,
+    Wedged,
+    WeightsOverride,
+    WorkerDied,
+    Xid,
+)
+from hotreload.engine.events import Event, typed
 from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
 from hotreload.tui import render
@@ -220,62 +240,52 @@ class DashboardApp(App[int]):
         if self.phase == START_FAILED and not self.state.start_errors:
             self.phase = ""  # the model that failed to start came up: say so no longer
             self._render_status()
-        if e.get("kind") in (
-            "reload_done",
-            "reload_failed",
-            "ready",
-            "state",
-            "xid",
-            "watch_waiting",
-        ):
+        event = typed(e)
+        if isinstance(event, (ReloadDone, ReloadFailed, Ready, State, Xid, WatchWaiting)):
             self._wake.set()  # sample now: the outcome shows without waiting a turn
-        if e.get("kind") in ("reload_requested", "phase_start", "phase_end"):
+        if isinstance(event, (ReloadRequested, PhaseStart, PhaseEnd)):
             self._render_reloads()
 
     def _notify_for(self, e: Event) -> None:
-        kind, m = e.get("kind"), e.get("model", "")
         if e.get("replayed"):
             return  # history from before this dashboard attached: shown in panels, not popped
-        if kind in ("session_stopping", "session_lost") and not self._quitting:
-            # Stopped from elsewhere (SIGTERM, another terminal): nothing left to show.
-            clean = kind == "session_stopping"
-            self.exit_message = "the session stopped" if clean else "lost the session"
-            self._quitting = True
-            self.exit(return_code=EXIT_OK if clean else EXIT_ENVIRONMENT)
-            return
-        if kind == "config_error":
-            self.notify(str(e.get("error")), title="config error", severity="error", timeout=10)
-        elif kind == "config_changed":
-            self.notify(str(e.get("detail")), severity="warning", timeout=8)
-        elif kind == "reload_done":
-            self.notify(f"{m}: v{e.get('version')} live in {e.get('total_s', 0):.2f} s", timeout=3)
-        elif kind == "reload_failed":
-            self.notify(
-                f"{m}: reload failed in {e.get('phase')}: {e.get('error')} - "
-                f"v{e.get('version')} keeps serving",
-                severity="error",
-                timeout=8,
-            )
-        elif kind == "xid" and (
-            e.get("severity") in render.CRITICAL_SEVERITIES or e.get("xid") == 79
-        ):
-            self.notify(
-                f"Xid {e.get('xid')} on GPU {e.get('device', '?')}: {e.get('name')}. "
-                f"{e.get('action')}",
-                title="critical GPU error",
-                severity="error",
-                timeout=15,
-            )
-        elif kind == "wedged":
-            self.notify(f"{m} wedged in {e.get('phase')}: {e.get('detail')}", severity="error")
-        elif kind == "worker_died":
-            self.notify(f"{m}: worker died ({e.get('reason')}); restarting", severity="warning")
-        elif kind == "gpu_reset":
-            self.notify(str(e.get("message")), severity="information" if e.get("ok") else "warning")
-        elif kind == "watch_error":
-            self.notify(f"watcher: {e.get('error')}", severity="warning")
-        elif kind == "weights_override":
-            self.notify(f"{m}: {e.get('message')}", severity="warning", timeout=15)
+        match typed(e):
+            case SessionStopping() | SessionLost() as ended if not self._quitting:
+                # Stopped from elsewhere (SIGTERM, another terminal): nothing left to show.
+                clean = isinstance(ended, SessionStopping)
+                self.exit_message = "the session stopped" if clean else "lost the session"
+                self._quitting = True
+                self.exit(return_code=EXIT_OK if clean else EXIT_ENVIRONMENT)
+            case ConfigError(error=error):
+                self.notify(str(error), title="config error", severity="error", timeout=10)
+            case ConfigChanged(detail=detail):
+                self.notify(str(detail), severity="warning", timeout=8)
+            case ReloadDone(model=m, version=v, total_s=total_s):
+                self.notify(f"{m}: v{v} live in {total_s or 0:.2f} s", timeout=3)
+            case ReloadFailed(model=m, version=v, phase=phase, error=error):
+                self.notify(
+                    f"{m}: reload failed in {phase}: {error} - v{v} keeps serving",
+                    severity="error",
+                    timeout=8,
+                )
+            case Xid() as x if x.severity in render.CRITICAL_SEVERITIES or x.xid == 79:
+                self.notify(
+                    f"Xid {x.xid} on GPU {'?' if x.device is None else x.device}: {x.name}. "
+                    f"{x.action}",
+                    title="critical GPU error",
+                    severity="error",
+                    timeout=15,
+                )
+            case Wedged(model=m, phase=phase, detail=detail):
+                self.notify(f"{m} wedged in {phase}: {detail}", severity="error")
+            case WorkerDied(model=m, reason=reason):
+                self.notify(f"{m}: worker died ({reason}); restarting", severity="warning")
+            case GpuReset(message=message, ok=ok):
+                self.notify(str(message), severity="information" if ok else "warning")
+            case WatchError(error=error):
+                self.notify(f"watcher: {error}", severity="warning")
+            case WeightsOverride(model=m, message=message):
+                self.notify(f"{m}: {message}", severity="warning", timeout=15)
 
     # ------------------------------------------------------------------ rendering
 

@@ -7,7 +7,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotreload.engine.events import Event
+from hotreload.engine.event_kinds import (
+    PhaseEnd,
+    PhaseStart,
+    Ready,
+    ReloadDone,
+    ReloadFailed,
+    ReloadRequested,
+    StartFailed,
+    State,
+)
+from hotreload.engine.events import Event, typed
 from hotreload.tui.source import Sample
 
 #: Points kept per history: 240 samples at the default 0.5 s is the last 2 minutes.
@@ -109,30 +119,29 @@ class DashboardState:
         return fig[1] - base.value, base
 
     def on_event(self, e: Event) -> None:
-        kind, model = e.get("kind"), e.get("model")
-        if not model:
-            return
-        if kind == "state":
-            self.state_since[model] = float(e.get("ts", 0.0))
-        if kind == "reload_requested" and model not in self.live:
-            self.live[model] = LiveReload(
-                model, str(e.get("trigger") or "?"), float(e.get("ts", 0.0)), e.get("detail")
-            )
-        elif kind == "phase_start":
-            # A follow-up reload queued behind another one starts without its own request.
-            live = self.live.setdefault(model, LiveReload(model, "queued", float(e.get("ts", 0))))
-            live.phase = e.get("phase")
-            live.phase_started_at = float(e.get("ts", 0.0))
-        elif kind == "phase_end" and model in self.live:
-            self.live[model].phases[str(e.get("phase"))] = float(e.get("duration_s") or 0.0)
-        elif kind in ("reload_done", "reload_failed"):
-            self.live.pop(model, None)
-            if kind == "reload_done":  # a cold start after a failed one ends as a reload
+        ts = float(e.get("ts", 0.0))
+        match typed(e):
+            case State(model=model):
+                self.state_since[model] = ts
+            case ReloadRequested(model=model, trigger=trigger, detail=detail):
+                if model not in self.live:
+                    self.live[model] = LiveReload(model, trigger or "?", ts, detail)
+            case PhaseStart(model=model, phase=phase):
+                # A follow-up reload queued behind another one starts without its own request.
+                live = self.live.setdefault(model, LiveReload(model, "queued", ts))
+                live.phase, live.phase_started_at = phase, ts
+            case PhaseEnd(model=model, phase=phase, duration_s=duration):
+                if model in self.live:
+                    self.live[model].phases[phase] = float(duration or 0.0)
+            case ReloadDone(model=model):
+                self.live.pop(model, None)
+                self.start_errors.pop(model, None)  # a cold start after a failed one
+            case ReloadFailed(model=model):
+                self.live.pop(model, None)
+            case StartFailed(model=model):
+                self.start_errors[model] = e
+            case Ready(model=model):
                 self.start_errors.pop(model, None)
-        elif kind == "start_failed":
-            self.start_errors[model] = e
-        elif kind == "ready":
-            self.start_errors.pop(model, None)
 
 
 def activity(sample: Sample) -> tuple[Any, ...]:
