@@ -64,10 +64,10 @@ def _memory_figure(status: dict[str, Any]) -> tuple[str, int]:
     return "worker RSS", int(status.get("rss_bytes") or 0)
 
 
-def _example_request(router: Any, resize: bool = False) -> tuple[dict[str, Any], bytes]:
+def _example_request(view: Any, resize: bool = False) -> tuple[dict[str, Any], bytes]:
     """Stand-in inputs (zeros, batch 1) as a wire request; see `stand_in_inputs`."""
-    metas, blobs = encode_tensors(stand_in_inputs(router.input_signature, resize))
-    return {"tensors": metas, "form": router.input_form}, b"".join(bytes(b) for b in blobs)
+    metas, blobs = encode_tensors(stand_in_inputs(list(view.inputs), resize))
+    return {"tensors": metas, "form": view.input_form}, b"".join(bytes(b) for b in blobs)
 
 
 def _finite(frame: Any) -> str | None:
@@ -160,9 +160,9 @@ class ModelCheck:
                     _hint_for(exc.phase, exc.remote_traceback),
                     exc.remote_traceback,
                 ) from None
-            info = host.current
-            assert info is not None
-            self.report.device = host.worker.device if host.worker else ""
+            info = host.view
+            assert info.has_version
+            self.report.device = info.device or ""
             passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
             return (
                 f"v1 on {self.report.device}: load {info.load_s * 1000:.0f} ms, "
@@ -170,7 +170,7 @@ class ModelCheck:
                 {
                     "load_s": info.load_s,
                     "warm_s": info.warm_s,
-                    "warm_passes_ms": info.warm_passes_ms,
+                    "warm_passes_ms": list(info.warm_passes_ms),
                 },
                 None,
             )
@@ -178,9 +178,9 @@ class ModelCheck:
         await self.step("load+warm", start())
 
         async def infer() -> tuple[str, dict[str, Any], None]:
-            outputs = host.current.outputs if host.current else []
+            outputs = list(host.view.outputs)
             self._check_record(outputs)
-            header, payload = _example_request(host.router)
+            header, payload = _example_request(host.view)
             frame = await asyncio.wait_for(
                 host.router.submit_future(header, payload), self.model.request_timeout_s
             )
@@ -191,10 +191,10 @@ class ModelCheck:
                     "look for a division by zero or log of zero in forward()",
                 )
             sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in outputs)
-            dynamic = describe_dynamic(host.router.input_signature)
+            dynamic = describe_dynamic(list(host.view.inputs))
             if dynamic:
                 # The declared dynamic dimensions, at another size than the example's.
-                header, payload = _example_request(host.router, resize=True)
+                header, payload = _example_request(host.view, resize=True)
                 shapes = [m["shape"] for m in header["tensors"]]
                 try:
                     frame = await asyncio.wait_for(
@@ -271,7 +271,7 @@ class ModelCheck:
             )
 
         await self.step("xid", xids())
-        self._write_record(host.current.outputs if host.current else [])
+        self._write_record(list(host.view.outputs))
 
     async def _settled_status(self, host: Any) -> dict[str, Any]:
         worker = host.worker
@@ -281,7 +281,7 @@ class ModelCheck:
 
     async def _burst(self, host: Any) -> tuple[str, dict[str, Any], None]:
         n = self.config.check.burst_requests
-        header, payload = _example_request(host.router)
+        header, payload = _example_request(host.view)
         latencies: list[float] = []
 
         async def one() -> None:

@@ -67,6 +67,7 @@ def register(ws: WatchSession) -> None:
             key=lambda o: o.started_at,
         )[-MAX_RELOADS:]
         snapshot = session.gpu_snapshot
+        views = {name: h.view for name, h in session.models.items()}
         return {
             "ok": True,
             "start_state": ws.start_state,
@@ -80,12 +81,8 @@ def register(ws: WatchSession) -> None:
             "xid_sources": tel.xid_sources,
             "paused": ws.watcher.paused,
             "waiting": len(ws.watcher.waiting),
-            "phases": {n: h.reload_phase for n, h in session.models.items() if h.reload_phase},
-            "inputs": {
-                name: [h.router.input_form, list(h.router.input_signature)]
-                for name, h in session.models.items()
-                if h.router.input_signature
-            },
+            "phases": {n: v.phase for n, v in views.items() if v.phase},
+            "inputs": {n: [v.input_form, list(v.inputs)] for n, v in views.items() if v.inputs},
         }, []
 
     async def pause(header: dict[str, Any], payload: Any) -> Reply:

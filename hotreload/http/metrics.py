@@ -69,10 +69,11 @@ def model_ready(host: ModelSupervisor) -> tuple[bool, str]:
 
     A reload in progress keeps the model ready: the old version serves until the swap.
     """
-    if host.current is None or host.version == 0:
-        return False, f"model {host.name!r} is {host.state}; no version has finished warm-up yet"
-    if host.state in NOT_SERVING_STATES:
-        return False, f"model {host.name!r} is {host.state}"
+    view = host.view
+    if not view.has_version or view.version == 0:
+        return False, f"model {view.name!r} is {view.state}; no version has finished warm-up yet"
+    if view.state in NOT_SERVING_STATES:
+        return False, f"model {view.name!r} is {view.state}"
     return True, ""
 
 
@@ -156,7 +157,7 @@ class SessionMetrics:
         self._unsubscribe = session.events.subscribe(self.on_event)
 
     def _tee_router(self, host: ModelSupervisor) -> None:
-        router, name = host.router, host.name
+        name = host.name
         requests = self.request_seconds.labels(name)
         queued = self.queue_seconds.labels(name)
         self.queue_us_total.setdefault(name, 0.0)
@@ -165,19 +166,21 @@ class SessionMetrics:
             queued.observe(ms / 1000)
             self.queue_us_total[name] += ms * 1000
 
-        old_latency, old_queue = router.latency, router.queue_latency
-        router.latency = ObservedLatencyWindow(
-            window_s=old_latency.window_s,
-            max_samples=old_latency.max_samples,
-            observe=lambda ms: requests.observe(ms / 1000),
-        )
-        router.queue_latency = ObservedLatencyWindow(
-            window_s=old_queue.window_s, max_samples=old_queue.max_samples, observe=on_queue
+        old_latency, old_queue = host.latency_windows()
+        host.set_latency_windows(
+            ObservedLatencyWindow(
+                window_s=old_latency.window_s,
+                max_samples=old_latency.max_samples,
+                observe=lambda ms: requests.observe(ms / 1000),
+            ),
+            ObservedLatencyWindow(
+                window_s=old_queue.window_s, max_samples=old_queue.max_samples, observe=on_queue
+            ),
         )
 
         def restore() -> None:
-            router.latency.observe = None  # type: ignore[attr-defined]
-            router.queue_latency.observe = None  # type: ignore[attr-defined]
+            for window in host.latency_windows():
+                window.observe = None
 
         self._restore.append(restore)
 
@@ -284,36 +287,35 @@ class _SessionCollector:
             labels=tv,
         )
         for host in hosts:
-            name, r, c = host.name, host.router, host.router.counters
-            v = str(host.version)
-            depth.add_metric([name], r.depth)
-            limit.add_metric([name], r.max_queue_size)
-            inflight.add_metric([name], r.inflight)
-            bad = c.bad_request + self.metrics.http_bad_requests.get(name, 0)
+            view = host.view
+            name, c, v = view.name, view.requests, str(view.version)
+            depth.add_metric([name], view.queue_depth)
+            limit.add_metric([name], view.queue_limit)
+            inflight.add_metric([name], view.inflight)
+            bad = c["bad_request"] + self.metrics.http_bad_requests.get(name, 0)
             for outcome, reason, value in (
-                ("success", "", c.ok),
-                ("rejected", "queue_full", c.rejected),
+                ("success", "", c["ok"]),
+                ("rejected", "queue_full", c["rejected"]),
                 ("rejected", "bad_request", bad),
-                ("timed_out", "timeout", c.timed_out),
-                ("failed", "model_error", c.model_error),
-                ("failed", "unavailable", c.unavailable),
+                ("timed_out", "timeout", c["timed_out"]),
+                ("failed", "model_error", c["model_error"]),
+                ("failed", "unavailable", c["unavailable"]),
             ):
                 requests.add_metric([name, outcome, reason], value)
-            retried.add_metric([name], c.retried)
-            version.add_metric([name], host.version)
-            for s in MODEL_STATES if host.state in MODEL_STATES else (*MODEL_STATES, host.state):
-                state.add_metric([name, s], 1.0 if s == host.state else 0.0)
+            retried.add_metric([name], c["retried"])
+            version.add_metric([name], view.version)
+            for s in MODEL_STATES if view.state in MODEL_STATES else (*MODEL_STATES, view.state):
+                state.add_metric([name, s], 1.0 if s == view.state else 0.0)
             ready.add_metric([name], 1.0 if model_ready(host)[0] else 0.0)
-            cur = host.current
-            if cur is not None:
-                load.add_metric([name], cur.load_s)
-                warm.add_metric([name], cur.warm_s)
-                nv_load.add_metric([name, v], cur.load_s + cur.warm_s)
-            restarts.add_metric([name], host.restarts)
-            nv_pending.add_metric([name, v], r.depth)
-            nv_success.add_metric([name, v], c.ok)
-            nv_failure.add_metric([name, v, "REJECTED"], c.rejected + c.timed_out)
-            nv_failure.add_metric([name, v, "BACKEND"], c.failed)
+            if view.has_version:
+                load.add_metric([name], view.load_s)
+                warm.add_metric([name], view.warm_s)
+                nv_load.add_metric([name, v], view.load_s + view.warm_s)
+            restarts.add_metric([name], view.restarts)
+            nv_pending.add_metric([name, v], view.queue_depth)
+            nv_success.add_metric([name, v], c["ok"])
+            nv_failure.add_metric([name, v, "REJECTED"], c["rejected"] + c["timed_out"])
+            nv_failure.add_metric([name, v, "BACKEND"], c["failed"])
             nv_failure.add_metric([name, v, "OTHER"], bad)
             nv_queue.add_metric([name, v], self.metrics.queue_us_total.get(name, 0.0))
         yield from (depth, limit, inflight, requests, retried, version, state, ready)

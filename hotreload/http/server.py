@@ -184,10 +184,11 @@ class KServeApp:
             known = ", ".join(self.session.models)
             raise HttpError(404, f"unknown model {name!r}; this session serves: {known}")
         wanted = request.match_info.get("version")
-        if wanted is not None and wanted != str(host.version):
+        serving = host.view.version
+        if wanted is not None and wanted != str(serving):
             raise HttpError(
                 404,
-                f"model {name!r} version {wanted} is not available; version {host.version} "
+                f"model {name!r} version {wanted} is not available; version {serving} "
                 "is serving (hotreload serves one version: leave the version out)",
             )
         return host
@@ -239,16 +240,15 @@ class KServeApp:
         )
 
     async def model_metadata(self, request: web.Request) -> web.Response:
-        host = self._host(request)
-        router = host.router
+        view = self._host(request).view
         return json_response(
             model_metadata_doc(
-                host.name,
-                host.version,
-                router.input_form,
-                router.input_signature,
-                host.current.outputs if host.current else [],
-                host.current.digest if host.current else None,
+                view.name,
+                view.version,
+                view.input_form,
+                list(view.inputs),
+                list(view.outputs),
+                view.digest,
             )
         )
 
@@ -256,11 +256,12 @@ class KServeApp:
 
     async def infer(self, request: web.Request) -> web.Response:
         host = self._host(request)
-        if host.state in _NO_WORKER_STATES:
+        view = host.view
+        if view.state in _NO_WORKER_STATES:
             raise HttpError(
                 503,
-                f"model {host.name!r} is {host.state}; POST /v2/repository/models/"
-                f"{host.name}/load to load it",
+                f"model {view.name!r} is {view.state}; POST /v2/repository/models/"
+                f"{view.name}/load to load it",
             )
         length = request.content_length
         if length is not None and length > self.max_body_bytes:
@@ -271,15 +272,14 @@ class KServeApp:
                 "(max_frame_mib in the config)",
             )
         body = await self._read(request, host.name)
-        router = host.router
         try:
             req = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
-            header, payload = to_router_request(req, router.input_form, router.input_signature)
+            header, payload = to_router_request(req, view.input_form, list(view.inputs))
         except InferRequestError as exc:
             self.metrics.count_bad_request(host.name)
             raise HttpError(400, f"model {host.name!r}: {exc}") from None
         try:
-            frame = await router.submit_future(header, payload)
+            frame = await host.router.submit_future(header, payload)
         except ClientError as exc:
             raise _client_error(exc) from None
         h = frame.header
@@ -318,14 +318,15 @@ class KServeApp:
             ok, why = model_ready(host)
             if only_ready and not ok:
                 continue
-            entry: dict[str, Any] = {"name": host.name, "version": str(host.version)}
+            view = host.view
+            entry: dict[str, Any] = {"name": view.name, "version": str(view.version)}
             if ok:
                 entry["state"] = "READY"
-            elif host.state in ("starting", "loading", "warming", "restarting"):
+            elif view.state in ("starting", "loading", "warming", "restarting"):
                 entry["state"] = "LOADING"
             else:
                 entry["state"] = "UNAVAILABLE"
-                entry["reason"] = host.last_error or why
+                entry["reason"] = view.last_error or why
             entries.append(entry)
         return json_response(entries)
 
@@ -381,7 +382,7 @@ class KServeApp:
         if unload_model is None:
             raise HttpError(501, "this hotreload session has no unload support")
         await asyncio.shield(unload_model(host.name))
-        return json_response({"model": host.name, "state": host.state})
+        return json_response({"model": host.name, "state": host.view.state})
 
     # ------------------------------------------------------------------ metrics
 

@@ -28,7 +28,9 @@ ROUTER_MUTATORS = frozenset(
     }
 )
 #: ModelRouter fields that say where requests go and what they are checked against.
-ROUTER_FIELDS = frozenset({"worker", "unavailable_reason", "input_form", "input_signature"})
+ROUTER_FIELDS = frozenset(
+    {"worker", "unavailable_reason", "input_form", "input_signature", "latency", "queue_latency"}
+)
 
 
 def _aliases(tree: ast.AST, attr: str) -> set[str]:

@@ -403,15 +403,14 @@ def make_spec(
     record: ModelRecord,
     router: ModelRouter,
     mode: str,
-    *,
-    job_code: bool,
-    weights_only: bool = False,
+    job: Any = None,
     push: Overlay | None = None,
 ) -> BuildSpec:
     """What the next build needs from a model's record. `mode`: "start", "restart", "cold"
-    or "reload"; `job_code`: the build takes the user's code from the files (a reload; not
-    a push, which runs the serving code again, nor the first start)."""
+    or "reload"; `job`: the reload (jobs.ReloadJob) whose build takes the user's code from
+    the files again (None: a push runs the serving code again, a start the code it has)."""
     current = record.current
+    job_code, weights_only = job is not None, bool(job is not None and job.weights_only)
     if mode == "start":
         load_state, warm_state = "loading", "warming"
     elif mode == "restart":

@@ -110,3 +110,36 @@ class ModelRecord:
     def workers(self) -> list[WorkerProcess]:
         """Every process this model has now (the GPU process list marks them as ours)."""
         return [w for w in (self.serving, self.standby, self.retiring) if w is not None]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """What front ends (HTTP, /metrics, `hotreload check`, the dashboard's ops) read of a
+    model: a frozen snapshot the supervisor publishes (`ModelSupervisor.view`), never its
+    record, router or versions themselves."""
+
+    name: str
+    state: str
+    #: The version serving (0: none yet), its weights digest, and its figures.
+    version: int
+    digest: str | None
+    device: str | None
+    pid: int | None
+    restarts: int
+    last_error: str | None
+    #: The phase of the job running now (None: no job).
+    phase: str | None
+    #: Whether a version has finished warm-up (`version` serves, or served before a reload).
+    has_version: bool
+    load_s: float
+    warm_s: float
+    warm_passes_ms: tuple[float, ...]
+    outputs: tuple[dict[str, Any], ...]
+    #: What requests are checked against (the serving version's inputs).
+    inputs: tuple[dict[str, Any], ...]
+    input_form: str
+    #: The router's queue and request figures at the time of the snapshot.
+    queue_depth: int
+    queue_limit: int
+    inflight: int
+    requests: dict[str, int]

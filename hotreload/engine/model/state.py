@@ -24,7 +24,7 @@ from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import phases, snapshot_keeper
 from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome
 from hotreload.engine.model.phases import PhaseClock, RunPhase
-from hotreload.engine.model.record import ModelRecord, VersionInfo
+from hotreload.engine.model.record import ModelRecord, ModelView, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.signature import describe_dynamic
@@ -66,6 +66,34 @@ class ModelState:
     def job_done(self) -> None:
         """No phase of the job is left showing."""
         self.record.clock = None
+
+    def view(self) -> ModelView:
+        """The snapshot front ends read (record.ModelView): built from the record and the
+        router here, so that none of them holds either."""
+        rec, router = self.record, self.router
+        cur, worker = rec.current, rec.serving
+        return ModelView(
+            name=self.model.name,
+            state=rec.state,
+            version=rec.version,
+            digest=cur.digest if cur else None,
+            device=(worker.device if worker else None) or self.model.device,
+            pid=worker.pid if worker else None,
+            restarts=rec.restarts,
+            last_error=rec.last_error,
+            phase=rec.phase,
+            has_version=cur is not None,
+            load_s=cur.load_s if cur else 0.0,
+            warm_s=cur.warm_s if cur else 0.0,
+            warm_passes_ms=tuple(cur.warm_passes_ms) if cur else (),
+            outputs=tuple(cur.outputs) if cur else (),
+            inputs=tuple(router.input_signature),
+            input_form=router.input_form,
+            queue_depth=router.depth,
+            queue_limit=router.max_queue_size,
+            inflight=router.inflight,
+            requests=router.counters.as_dict(),
+        )
 
     # ------------------------------------------------------------------ which worker serves
 
@@ -183,6 +211,9 @@ class ModelState:
         self.set_state("serving", version=rec.version)
 
     # ------------------------------------------------------------------ admission
+
+    def set_latency_windows(self, latency: Any, queue: Any) -> None:
+        self.router.latency, self.router.queue_latency = latency, queue
 
     def open_gate(self) -> None:
         self.router.open_gate()

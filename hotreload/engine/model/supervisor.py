@@ -1,25 +1,21 @@
 """One supervisor per served model: the only owner of its workers and its jobs.
 
-Everything that changes which worker serves, or which version, is a job (jobs.py) run one
-at a time by the supervisor's loop. Each job is one method here, read top to bottom:
+Every change to which worker serves, or which version, is a job (jobs.py) run one at a
+time by `JobLoop`. Each job is one method here, read top to bottom:
 
     _start    spawn -> [device lock] build -> serve              (the model's first worker)
     _reload   lock -> policy -> checkpoint wait -> snapshot -> build -> swap -> retire
               -> digest -> promote -> history
     _push     lock -> build in the serving worker -> in-band swap -> digest -> history
-    _restart  kill -> [GPU reset] -> bring up on the last good snapshot -> serve
-    _unload   gate -> drain -> stop the worker
-    stop      the session ends: the running job is cancelled, queued ones never run
+    restart   recovery.py: kill -> [GPU reset] -> bring up the last good snapshot -> serve
+    stop      the running job is cancelled, queued ones never run, workers stop
 
-The steps are functions: phases.py acts on workers, swaps.py moves traffic, recovery.py
-brings a worker back. A strategy (inplace.py, respawn.py) says where a version is built and
-what becomes of the old worker, and returns what it built; it never calls back. The model's
-state (record and router) changes only through state.py.
-
-A worker that dies queues a restart; so does the watchdog for a forward stuck past
-`forward_s`. Because jobs run one at a time, a restart can never race a reload for the
-worker: it runs after the reload, and does nothing if the reload already replaced the
-worker. A failed build leaves the old version serving.
+Its steps are functions (phases.py acts on workers, swaps.py moves traffic); a strategy
+(inplace.py, respawn.py) says where a version is built and what becomes of the old worker,
+and returns what it did, never calling back. Only state.py writes the record and the
+router. Jobs run one at a time, so a restart (after a death, or a forward hung past
+`forward_s`) never races a reload: it runs after, and does nothing if the reload already
+replaced the worker. A failed build leaves the old version serving.
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ from hotreload.engine.model.jobs import (
 from hotreload.engine.model.override_check import override_warning
 from hotreload.engine.model.phases import BuildSpec, RunPhase, make_spec
 from hotreload.engine.model.policy import choose_policy
-from hotreload.engine.model.record import ModelRecord
+from hotreload.engine.model.record import ModelRecord, ModelView
 from hotreload.engine.model.recovery import Recovery
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.standby import StandbyKeeper
@@ -127,6 +123,17 @@ class ModelSupervisor:
     history = property(lambda self: self.record.history)
     #: The session is stopping: no job runs any more.
     closed = property(lambda self: self.jobs.closed)
+
+    @property
+    def view(self) -> ModelView:
+        """What front ends read: a frozen snapshot of the model's state and figures."""
+        return self.st.view()
+
+    def latency_windows(self) -> tuple[Any, Any]:
+        return self.router.latency, self.router.queue_latency
+
+    def set_latency_windows(self, latency: Any, queue: Any) -> None:
+        self.st.set_latency_windows(latency, queue)  # windows that tell /metrics each sample
 
     @property
     def busy(self) -> bool:
@@ -294,13 +301,11 @@ class ModelSupervisor:
                 old, candidate = rec.serving, None
                 try:
                     cold = old is None or not old.alive or rec.current is None
-                    outcome.policy = (
-                        "start"
-                        if cold
-                        else await choose_policy(
+                    outcome.policy = "start"
+                    if not cold:
+                        outcome.policy = await choose_policy(
                             self.model, rec.current, old, self.worker_status, self.events
                         )
-                    )
                     await phases.wait_for_checkpoints(run, self.model, self.events)
                     candidate = await st.snapshot(
                         self.snapshot_dir, self.config, self.ignore, rec.next_version
@@ -448,19 +453,8 @@ class ModelSupervisor:
         if retired is not None and retired.standby is not None:
             await self.standby.keep(retired.standby, retired.recycled, after="serving")
 
-    def _spec(
-        self, mode: str, *, job: ReloadJob | None = None, push: pushes.Overlay | None = None
-    ) -> BuildSpec:
-        return make_spec(
-            self.model,
-            self.config.root,
-            self.record,
-            self.router,
-            mode,
-            job_code=job is not None,
-            weights_only=job.weights_only if job is not None else False,
-            push=push,
-        )
+    def _spec(self, mode: str, *, job: Any = None, push: Any = None) -> BuildSpec:
+        return make_spec(self.model, self.config.root, self.record, self.router, mode, job, push)
 
     # ------------------------------------------------------------------ stop
 
@@ -478,8 +472,6 @@ class ModelSupervisor:
         self.strategy.close()
         await self.standby.close()
         await self.st.drain_and_stop(drain_timeout_s)
-
-    # ------------------------------------------------------------------ told by the workers
 
     async def _escalate(self) -> None:
         if self.escalate is not None:
