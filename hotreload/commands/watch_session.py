@@ -13,8 +13,8 @@ from typing import Any
 
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
+from hotreload.engine import event_kinds
 from hotreload.engine.event_kinds import ConfigChanged, ReloadDone
-from hotreload.engine.event_kinds import ConfigError as ConfigErrorEvent
 from hotreload.engine.events import typed
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
@@ -58,7 +58,7 @@ class WatchSession:
             new = await asyncio.to_thread(load_config, self.config.path)
         except ConfigError as exc:
             self.session.events.emit(
-                ConfigErrorEvent(error=f"{exc}; the running session keeps its settings")
+                event_kinds.ConfigError(error=f"{exc}; the running session keeps its settings")
             )
             return
         # --http and --metrics-port came from the command line, not the file.

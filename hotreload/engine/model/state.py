@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, ModelConfig
-from hotreload.engine.event_kinds import ModelNote, PhaseEnd, Ready, SnapshotSkipped, State
+from hotreload.engine.event_kinds import (
+    ModelNote,
+    PhaseEnd,
+    Ready,
+    ReloadDone,
+    ReloadFailed,
+    SnapshotSkipped,
+    State,
+)
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
@@ -184,20 +192,20 @@ class ModelState:
         self.record.last_error = outcome.error if not outcome.ok else None
         self.record.history.append(outcome)
         current = self.record.current
-        self.events.emit(
-            "reload_done" if outcome.ok else "reload_failed",
-            model=self.name,
-            version=outcome.version,
-            total_s=outcome.total_s,
-            policy=outcome.policy,
-            strategy=outcome.strategy,
-            phases=outcome.phases,
-            trigger=outcome.trigger,
-            phase=outcome.phase,
-            error=outcome.error,
-            traceback=outcome.traceback,
-            digest=current.digest if current else None,
-        )
+        fields: dict[str, Any] = {
+            "model": self.name,
+            "version": outcome.version,
+            "total_s": outcome.total_s,
+            "policy": outcome.policy,
+            "strategy": outcome.strategy,
+            "phases": outcome.phases,
+            "trigger": outcome.trigger,
+            "phase": outcome.phase,
+            "error": outcome.error,
+            "traceback": outcome.traceback,
+            "digest": current.digest if current else None,
+        }
+        self.events.emit(ReloadDone(**fields) if outcome.ok else ReloadFailed(**fields))
         return outcome
 
     def serve_on(self) -> None:

@@ -15,14 +15,15 @@ what became of the old worker (`Retired`) for the supervisor to act on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from hotreload.engine import event_kinds
 from hotreload.engine.event_kinds import RestoreFailed
 from hotreload.engine.model import phases
 from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.inplace import InPlace
-from hotreload.engine.model.jobs import ReloadOutcome, Wedged
+from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
 from hotreload.engine.model.phases import RunPhase
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.state import ModelState
@@ -52,35 +53,46 @@ async def hand_over(
             f"{router.draining} still in flight on pid {old.pid}"
         }
 
-    async def drain() -> dict[str, Any]:
-        n = router.draining
-        if not await router.drain_previous(d.drain_wait_s):
-            raise Wedged(
-                "drain",
-                f"{router.draining} request(s) still running on the old worker after the "
-                f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
-            )
-        return {"detail": f"{n} request(s) finished on the old worker"}
-
     async with retiring(st, old):
         await run("swap", swap)
         gone: str | None = None
         try:
-            await run("drain", drain)
+            await run(
+                "drain",
+                lambda: drain(
+                    router.drain_previous, lambda: router.draining, d.drain_wait_s, "old worker"
+                ),
+            )
             # Its requests done on the serving CPUs (moved now, they would wait for a CPU
             # behind the session's own work): the rest of its life is reload work.
             st.workers.place(old, serving=False)
             await run("sync", lambda: phases.sync(old, d.sync_s))
-        except phases.PhaseFailed as exc:
+        except PhaseFailed as exc:
             gone = "died" if not old.alive else "wedged" if isinstance(exc, Wedged) else "failed"
+            why = {"model": st.name, "phase": exc.phase, "detail": f"{exc}; old worker abandoned"}
             st.events.emit(
-                "wedged" if gone == "wedged" else "worker_lost",
-                model=st.name,
-                phase=exc.phase,
-                detail=f"{exc}; old worker abandoned",
+                event_kinds.Wedged(**why) if gone == "wedged" else event_kinds.WorkerLost(**why)
             )
             outcome.detail.append(f"old worker {gone} in {exc.phase}: abandoned")
         return await retire(run, st, strategy, old, gone)
+
+
+async def drain(
+    wait: Callable[[float], Awaitable[bool]],
+    running: Callable[[], int],
+    drain_wait_s: float,
+    on: str | None = None,
+) -> dict[str, Any]:
+    """The drain phase: wait, to the drain deadline, for the requests in flight (`on` the
+    old worker of a hand-over); past it a forward is hung and the worker wedged."""
+    n, where = running(), f" on the {on}" if on else ""
+    if not await wait(drain_wait_s):
+        raise Wedged(
+            "drain",
+            f"{running()} request(s) still running{where} after the {drain_wait_s:g} s "
+            "drain deadline: a forward is hung",
+        )
+    return {"detail": f"{n} request(s) finished{where}" if on else f"{n} request(s) in flight"}
 
 
 async def quiesce(run: RunPhase, st: ModelState, worker: WorkerProcess) -> None:
@@ -90,18 +102,8 @@ async def quiesce(run: RunPhase, st: ModelState, worker: WorkerProcess) -> None:
     async def gate() -> None:
         st.close_gate()
 
-    async def drain() -> dict[str, Any]:
-        n = router.inflight
-        if not await router.drain(d.drain_wait_s):
-            raise Wedged(
-                "drain",
-                f"{router.inflight} request(s) still running after the "
-                f"{d.drain_wait_s:g} s drain deadline: a forward is hung",
-            )
-        return {"detail": f"{n} in flight, {router.depth} waiting in the queue"}
-
     await run("gate", gate, state="draining")
-    await run("drain", drain)
+    await run("drain", lambda: drain(router.drain, lambda: router.inflight, d.drain_wait_s))
     await run("sync", lambda: phases.sync(worker, d.sync_s))
 
 
