@@ -308,3 +308,25 @@ async def test_no_phase_is_left_showing_after_a_start_whose_digest_came_late(mak
     assert WorkerOp.DIGEST in script.ops()
     assert sup.current is not None and sup.current.digest == "sha256:" + "0" * 32
     assert sup.reload_phase is None, sup.reload_phase
+
+
+@stepped
+async def test_a_respawn_hand_over_abandons_an_old_worker_hung_in_its_drain(make: Make) -> None:
+    """The new version is built and serving; the old worker's hung forward only means the
+    old worker is killed (its request is retried on the new one), not a failed reload."""
+    script = Script()
+    sup = make(
+        script, strategy="respawn", standby=False, deadlines=Deadlines(forward_s=0.3, drain_s=0.1)
+    )
+    await sup.start()
+    old = sup.worker
+    assert old is not None
+    script.hung.add(old.pid)
+    stuck = request(sup)
+    await asyncio.sleep(0.01)
+    outcome = await asyncio.wait_for(sup.reload("file"), 10)
+    assert outcome.ok and outcome.version == 2, outcome
+    assert sup.worker is not old and "kill" in script.ops(old.pid)
+    assert any("old worker wedged in drain: abandoned" in d for d in outcome.detail), outcome
+    assert kinds(sup, "wedged")[-1:] == ["wedged"]
+    assert (await asyncio.wait_for(stuck, 10)).header["version"] == 2
