@@ -1,0 +1,302 @@
+"""`hotreload export ray OUT_DIR`: the config's models as Ray Serve applications.
+
+Writes, in OUT_DIR:
+
+    serve_config.yaml                 for `serve run` and `serve deploy`: one application per
+                                      model, route prefix /v2/models/<name>, its deployment's
+                                      options (ray_options.py) and user_config (the weights)
+    hotreload_app_<hash>.zip          the applications' runtime_env working_dir: the code,
+                                      weights, replica (ray_replica.py) and hotreload's rules
+    app/                              the same files, unzipped, to read
+    weights/<model>/                  weights files of later updates (--weights)
+    .hotreload_ray.json               what serve_config.yaml is written from (--weights)
+
+The zip's name carries its content's hash: Ray caches a working_dir by URI, so a code change
+gives a new URI, and `serve deploy` rolls the replicas onto it; a weights update changes only
+user_config (a lightweight update: the replicas stay).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from hotreload.config import Config, ModelConfig, load_config
+from hotreload.errors import ConfigError
+from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.export.bundle import ROOTS, bundle_source
+from hotreload.export.code_copy import CopyError, copy_code
+from hotreload.export.ray_options import (
+    NotExpressible,
+    check_ray_table,
+    deployment_options,
+    request_timeout,
+)
+from hotreload.export.triton import ExportError, probe_model
+
+TEMPLATE = Path(__file__).with_name("ray_replica.py")
+APP_MODULE = "hotreload_ray_app"
+STATE_FILE = ".hotreload_ray.json"
+CONFIG_FILE = "serve_config.yaml"
+#: What the replica calls from hotreload, besides the loading rules the Triton export takes:
+#: the KServe v2 parsing and encoding of hotreload's HTTP front end, its tensor views and
+#: its state digest. One source for both, never a second parser.
+RAY_ROOTS: dict[str, tuple[str, ...]] = {
+    **ROOTS,
+    "hotreload.http.kserve": (
+        "parse_infer_request",
+        "to_router_request",
+        "encode_infer_response",
+        "model_metadata_doc",
+        "InferRequestError",
+        "HEADER_LENGTH",
+    ),
+    "hotreload.worker.inputs": ("request_tensors",),
+    "hotreload.protocol.tensors": ("encode_tensors",),
+    "hotreload.worker.weights_digest": ("state_digest",),
+    "hotreload.export.ray": ("file_digest",),
+}
+
+
+def file_digest(paths: list[Path]) -> str:
+    """sha256 of the files' bytes in order: user_config's `digest` (ray_replica.py checks it)."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def _export_one(config: Config, model: ModelConfig, app: Path, work: Path) -> dict[str, Any]:
+    probe = probe_model(config, model, work / f"{model.name}-warmup")
+    folder = app / model.name
+    try:
+        code = copy_code(config, model, folder, skip=[app.parent, config.state_dir])
+    except CopyError as exc:
+        raise ExportError(str(exc)) from None
+    threads = model.threads
+    record = {
+        "name": model.name,
+        "exported_from": str(config.path),
+        "entry": code.entry,
+        "example": code.example,
+        "weights": code.weights,
+        "weights_prefix": model.weights_prefix.to_wire() if model.weights_prefix else None,
+        "form": probe["form"],
+        "inputs": probe["inputs"],
+        "outputs": probe["outputs"],
+        "device": model.device,
+        "warmup_iters": model.warmup_iters,
+        "allow_output_change": model.allow_output_change,
+        "threads": {"intra_op": threads.intra_op, "inter_op": threads.inter_op}
+        if threads
+        else None,
+    }
+    (folder / "hotreload_export.json").write_text(json.dumps(record, indent=2), "utf-8")
+    return record
+
+
+def _zip(app: Path, out_dir: Path) -> Path:
+    """A zip of `app` named by its content (same files, same name: fixed times, sorted)."""
+    files = sorted(p for p in app.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.relative_to(app).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    target = out_dir / f"hotreload_app_{h.hexdigest()[:16]}.zip"
+    if not target.exists():
+        tmp = target.with_suffix(".zip.part")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in files:
+                info = zipfile.ZipInfo(p.relative_to(app).as_posix(), (1980, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                z.writestr(info, p.read_bytes())
+        tmp.rename(target)
+    # Older zips: the last one stays (a replica of the previous code may still restart).
+    for old in sorted(out_dir.glob("hotreload_app_*.zip"), key=lambda p: p.stat().st_mtime)[:-2]:
+        if old != target:
+            old.unlink()
+    return target
+
+
+def serve_config(state: dict[str, Any]) -> dict[str, Any]:
+    """serve_config.yaml's content, from the export's state."""
+    apps = []
+    for name, m in state["models"].items():
+        deployment = {"name": name, **m["options"], "user_config": m["user_config"]}
+        apps.append(
+            {
+                "name": state["app_prefix"] + name,
+                "route_prefix": f"/v2/models/{name}",
+                "import_path": f"{APP_MODULE}:app",
+                "args": {"model": name},
+                "runtime_env": {"working_dir": state["working_dir"]},
+                "deployments": [deployment],
+            }
+        )
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": state["http_options"],
+        "applications": apps,
+    }
+
+
+def to_yaml(value: Any, indent: int = 0) -> str:
+    """YAML for plain data: scalars as JSON (a subset of YAML), so no YAML library is needed."""
+    pad = " " * indent
+    if isinstance(value, dict) and value:
+        lines = []
+        for k, v in value.items():
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{k}:\n{to_yaml(v, indent + 2)}")
+            else:
+                lines.append(f"{pad}{k}: {json.dumps(v)}")
+        return "\n".join(lines)
+    if isinstance(value, list) and value:
+        lines = []
+        for v in value:
+            text = (
+                to_yaml(v, indent + 2)
+                if isinstance(v, (dict, list)) and v
+                else (" " * (indent + 2) + json.dumps(v))
+            )
+            lines.append(f"{pad}- {text[indent + 2 :]}")
+        return "\n".join(lines)
+    return pad + json.dumps(value)
+
+
+def write_config(out_dir: Path, state: dict[str, Any]) -> Path:
+    (out_dir / STATE_FILE).write_text(json.dumps(state, indent=2), "utf-8")
+    head = (
+        "# Written by `hotreload export ray`; deploy with `serve deploy` (or `serve run`).\n"
+        "# A weights update: `hotreload export ray OUT_DIR --model NAME --weights FILE`, then\n"
+        "# `serve deploy` again (user_config changes: a lightweight update, no restart).\n"
+    )
+    path = out_dir / CONFIG_FILE
+    tmp = path.with_suffix(".yaml.part")
+    tmp.write_text(head + to_yaml(serve_config(state)) + "\n", "utf-8")
+    tmp.replace(path)
+    return path
+
+
+def export_ray(
+    config: Config, models: list[ModelConfig], out: Path, uri_prefix: str | None
+) -> Path:
+    """Write OUT_DIR; ExportError/NotExpressible when it cannot be done."""
+    ray = check_ray_table(config)
+    options = {m.name: deployment_options(m, ray.for_model(m.name)) for m in models}
+    timeout = request_timeout(models)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".hotreload-ray.", dir=out))
+    try:
+        app = work / "app"
+        app.mkdir()
+        records = {m.name: _export_one(config, m, app, work) for m in models}
+        shutil.copyfile(TEMPLATE, app / f"{APP_MODULE}.py")
+        (app / "hotreload_rules.py").write_text(bundle_source(RAY_ROOTS), "utf-8")
+        archive = _zip(app, out)
+        if (out / "app").exists():
+            shutil.rmtree(out / "app")
+        app.rename(out / "app")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = uri_prefix.rstrip("/") if uri_prefix else archive.parent.as_uri()
+    state = {
+        "app_prefix": ray.app_prefix,
+        "working_dir": f"{base}/{archive.name}",
+        "http_options": {"host": ray.host, "port": ray.port, "request_timeout_s": timeout},
+        "models": {},
+    }
+    for m in models:
+        files = records[m.name]["weights"]
+        state["models"][m.name] = {
+            "options": options[m.name],
+            "user_config": {
+                "weights": files,
+                "digest": file_digest([out / "app" / m.name / f for f in files]),
+                "version": 1,
+            },
+        }
+    return write_config(out, state)
+
+
+def update_weights(out: Path, model: str, files: list[str]) -> tuple[Path, dict[str, Any]]:
+    """Copy new weights under OUT_DIR/weights/<model>/ and name them in user_config."""
+    state = json.loads((out / STATE_FILE).read_text("utf-8"))
+    if model not in state["models"]:
+        raise ExportError(f"{out} has no model {model!r}; it has {', '.join(state['models'])}")
+    sources = [Path(f).expanduser().resolve() for f in files]
+    missing = [str(p) for p in sources if not p.is_file()]
+    if missing:
+        raise ExportError(f"no such weights file: {', '.join(missing)}")
+    digest = file_digest(sources)
+    dest_dir = out / "weights" / model / digest.removeprefix("sha256:")[:16]
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dests = []
+    for i, src in enumerate(sources):
+        dest = dest_dir / (f"{i}_{src.name}" if i else src.name)
+        shutil.copyfile(src, dest)
+        dests.append(str(dest))
+    entry = state["models"][model]
+    entry["user_config"] = {
+        "weights": dests,
+        "digest": digest,
+        "version": int(entry["user_config"].get("version", 1)) + 1,
+    }
+    return write_config(out, state), entry["user_config"]
+
+
+def export_ray_main(
+    out_dir: str,
+    config_path: str | None,
+    model: str | None,
+    weights: list[str] | None = None,
+    uri_prefix: str | None = None,
+) -> int:
+    """The command: 0 when written, 1 when a model cannot be exported, 2 for the config."""
+    out = Path(out_dir).expanduser().resolve()
+    if weights:
+        if not model:
+            print("hotreload export ray: --weights needs --model NAME", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            path, user_config = update_weights(out, model, weights)
+        except (ExportError, OSError, KeyError, ValueError) as exc:
+            print(f"hotreload export ray: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        print(f"{path}: {model!r} user_config is now {json.dumps(user_config)}")
+        print(f"Apply it without restarting a replica: serve deploy {path}")
+        return EXIT_OK
+    try:
+        config = load_config(config_path)
+        models = [config.model(model)] if model else list(config.models)
+    except ConfigError as exc:
+        print(f"hotreload export: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        path = export_ray(config, models, out, uri_prefix)
+    except (ExportError, NotExpressible) as exc:
+        print(f"hotreload export ray: cannot be exported: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    state = json.loads((out / STATE_FILE).read_text("utf-8"))
+    for name, m in state["models"].items():
+        o = m["options"]
+        count = o.get("num_replicas", "autoscaling")
+        print(
+            f"exported {name!r}: application {state['app_prefix'] + name}, route "
+            f"/v2/models/{name}, {count} replica(s), {o['ray_actor_options']['num_cpus']:g} "
+            f"CPU and {o['ray_actor_options']['num_gpus']:g} GPU each"
+        )
+    print(f"working_dir: {state['working_dir']}")
+    if uri_prefix:
+        print(f"upload {out / Path(state['working_dir']).name} there before deploying")
+    print(f"Start it: ray start --head && serve deploy {path}   (docs/ray.md)")
+    return EXIT_OK
