@@ -136,7 +136,7 @@ def serve_config(state: dict[str, Any]) -> dict[str, Any]:
             {
                 "name": state["app_prefix"] + name,
                 "route_prefix": f"/v2/models/{name}",
-                "import_path": f"{APP_MODULE}:app",
+                "import_path": state.get("import_path", f"{APP_MODULE}:app"),
                 "args": {"model": name},
                 "runtime_env": {"working_dir": state["working_dir"]},
                 "deployments": [deployment],
