@@ -162,11 +162,11 @@ def _blocking_export(out: Path) -> Path:
     """The export's config with the blocking replica: ray_blocking_replica.py in the zip."""
     from hotreload.export.ray import STATE_FILE, _zip, write_config
 
-    app = out / "app"
+    app = out / "app" / "mlp"
     shutil.copyfile(Path(__file__).with_name("ray_blocking_replica.py"), app / "blocking.py")
-    archive = _zip(app, out)
+    archive = _zip(app, out, "mlp")
     state = json.loads((out / STATE_FILE).read_text())
-    state["working_dir"] = archive.parent.as_uri() + "/" + archive.name
+    state["models"]["mlp"]["working_dir"] = archive.parent.as_uri() + "/" + archive.name
     state["import_path"] = "blocking:app"  # kept by later `--weights` writes
     return write_config(out, state)
 

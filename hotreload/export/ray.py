@@ -5,15 +5,16 @@ Writes, in OUT_DIR:
     serve_config.yaml                 for `serve run` and `serve deploy`: one application per
                                       model, route prefix /v2/models/<name>, its deployment's
                                       options (ray_options.py) and user_config (the weights)
-    hotreload_app_<hash>.zip          the applications' runtime_env working_dir: the code,
-                                      weights, replica (ray_replica.py) and hotreload's rules
-    app/                              the same files, unzipped, to read
+    hotreload_<model>_<hash>.zip      a model's runtime_env working_dir: its code, weights,
+                                      the replica (ray_replica.py) and hotreload's rules
+    app/<model>/                      the same files, unzipped, to read
     weights/<model>/                  weights files of later updates (--weights)
     .hotreload_ray.json               what serve_config.yaml is written from (--weights)
 
 The zip's name carries its content's hash: Ray caches a working_dir by URI, so a code change
-gives a new URI, and `serve deploy` rolls the replicas onto it; a weights update changes only
-user_config (a lightweight update: the replicas stay).
+gives a new URI, and `serve deploy` rolls that model's replicas onto it (the others keep
+theirs); a weights update changes only user_config (a lightweight update: the replicas
+stay). `--model NAME` re-exports one model and keeps the others' entries.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def file_digest(paths: list[Path]) -> str:
 
 
 def _export_one(config: Config, model: ModelConfig, app: Path, work: Path) -> dict[str, Any]:
-    probe = probe_model(config, model, work / f"{model.name}-warmup")
-    folder = app / model.name
+    probe = probe_model(config, model, work / "warmup")
+    folder = app
     try:
         code = copy_code(config, model, folder, skip=[app.parent, config.state_dir])
     except CopyError as exc:
@@ -103,14 +104,14 @@ def _export_one(config: Config, model: ModelConfig, app: Path, work: Path) -> di
     return record
 
 
-def _zip(app: Path, out_dir: Path) -> Path:
+def _zip(app: Path, out_dir: Path, name: str) -> Path:
     """A zip of `app` named by its content (same files, same name: fixed times, sorted)."""
     files = sorted(p for p in app.rglob("*") if p.is_file())
     h = hashlib.sha256()
     for p in files:
         h.update(p.relative_to(app).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(p.read_bytes()).digest())
-    target = out_dir / f"hotreload_app_{h.hexdigest()[:16]}.zip"
+    target = out_dir / f"hotreload_{name}_{h.hexdigest()[:16]}.zip"
     if not target.exists():
         tmp = target.with_suffix(".zip.part")
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
@@ -120,10 +121,15 @@ def _zip(app: Path, out_dir: Path) -> Path:
                 info.compress_type = zipfile.ZIP_DEFLATED
                 z.writestr(info, p.read_bytes())
         tmp.rename(target)
-    # Older zips: the last one stays (a replica of the previous code may still restart).
-    for old in sorted(out_dir.glob("hotreload_app_*.zip"), key=lambda p: p.stat().st_mtime)[:-2]:
-        if old != target:
-            old.unlink()
+    # Older zips of this model: the last one stays (a replica of the previous code may
+    # still restart while the new ones roll out).
+    mine = [
+        p
+        for p in out_dir.glob(f"hotreload_{name}_*.zip")
+        if len(p.stem) == len(target.stem) and p != target
+    ]
+    for old in sorted(mine, key=lambda p: p.stat().st_mtime)[:-1]:
+        old.unlink()
     return target
 
 
@@ -138,7 +144,7 @@ def serve_config(state: dict[str, Any]) -> dict[str, Any]:
                 "route_prefix": f"/v2/models/{name}",
                 "import_path": state.get("import_path", f"{APP_MODULE}:app"),
                 "args": {"model": name},
-                "runtime_env": {"working_dir": state["working_dir"]},
+                "runtime_env": {"working_dir": m["working_dir"]},
                 "deployments": [deployment],
             }
         )
@@ -193,35 +199,46 @@ def export_ray(
     """Write OUT_DIR; ExportError/NotExpressible when it cannot be done."""
     ray = check_ray_table(config)
     options = {m.name: deployment_options(m, ray.for_model(m.name)) for m in models}
-    timeout = request_timeout(models)
+    timeout = request_timeout(list(config.models))
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".hotreload-ray.", dir=out))
-    try:
-        app = work / "app"
-        app.mkdir()
-        records = {m.name: _export_one(config, m, app, work) for m in models}
-        shutil.copyfile(TEMPLATE, app / f"{APP_MODULE}.py")
-        (app / "hotreload_rules.py").write_text(bundle_source(RAY_ROOTS), "utf-8")
-        archive = _zip(app, out)
-        if (out / "app").exists():
-            shutil.rmtree(out / "app")
-        app.rename(out / "app")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    base = uri_prefix.rstrip("/") if uri_prefix else archive.parent.as_uri()
-    state = {
-        "app_prefix": ray.app_prefix,
-        "working_dir": f"{base}/{archive.name}",
-        "http_options": {"host": ray.host, "port": ray.port, "request_timeout_s": timeout},
-        "models": {},
+    previous = out / STATE_FILE
+    # --model NAME re-exports one model and keeps the others' applications as they are
+    # (their zips, hence their replicas, unchanged).
+    state: dict[str, Any] = (
+        json.loads(previous.read_text("utf-8")) if previous.is_file() else {"models": {}}
+    )
+    state["models"] = {
+        k: v for k, v in state["models"].items() if k in {m.name for m in config.models}
     }
+    state.update(
+        app_prefix=ray.app_prefix,
+        http_options={"host": ray.host, "port": ray.port, "request_timeout_s": timeout},
+    )
+    rules = bundle_source(RAY_ROOTS)
     for m in models:
-        files = records[m.name]["weights"]
+        work = Path(tempfile.mkdtemp(prefix=f".hotreload-ray-{m.name}.", dir=out))
+        try:
+            app = work / "app"
+            app.mkdir()
+            record = _export_one(config, m, app, work)
+            shutil.copyfile(TEMPLATE, app / f"{APP_MODULE}.py")
+            (app / "hotreload_rules.py").write_text(rules, "utf-8")
+            archive = _zip(app, out, m.name)
+            target = out / "app" / m.name
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(exist_ok=True)
+            app.rename(target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        base = uri_prefix.rstrip("/") if uri_prefix else archive.parent.as_uri()
+        files = record["weights"]
         state["models"][m.name] = {
+            "working_dir": f"{base}/{archive.name}",
             "options": options[m.name],
             "user_config": {
                 "weights": files,
-                "digest": file_digest([out / "app" / m.name / f for f in files]),
+                "digest": file_digest([target / f for f in files]),
                 "version": 1,
             },
         }
@@ -287,7 +304,8 @@ def export_ray_main(
         print(f"hotreload export ray: cannot be exported: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     state = json.loads((out / STATE_FILE).read_text("utf-8"))
-    for name, m in state["models"].items():
+    for name in [m.name for m in models]:
+        m = state["models"][name]
         o = m["options"]
         count = o.get("num_replicas", "autoscaling")
         print(
@@ -295,8 +313,8 @@ def export_ray_main(
             f"/v2/models/{name}, {count} replica(s), {o['ray_actor_options']['num_cpus']:g} "
             f"CPU and {o['ray_actor_options']['num_gpus']:g} GPU each"
         )
-    print(f"working_dir: {state['working_dir']}")
-    if uri_prefix:
-        print(f"upload {out / Path(state['working_dir']).name} there before deploying")
+        print(f"  working_dir: {m['working_dir']}")
+        if uri_prefix:
+            print(f"  upload {out / Path(m['working_dir']).name} there before deploying")
     print(f"Start it: ray start --head && serve deploy {path}   (docs/ray.md)")
     return EXIT_OK

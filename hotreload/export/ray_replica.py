@@ -61,7 +61,7 @@ class HotreloadModel:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.folder = HERE / name
+        self.folder = HERE  # the model's own working_dir: code/, weights/, its record
         self.spec = json.loads((self.folder / "hotreload_export.json").read_text("utf-8"))
         self.rules: Any = importlib.import_module("hotreload_rules")
         import torch

@@ -54,6 +54,8 @@ device = "cpu"
 threads = 1
 warmup_iters = 1
 request_timeout_s = 60.0
+[models.deadlines]
+forward_s = 10.0
 
 [[models]]
 name = "gen"
@@ -63,6 +65,8 @@ device = "cpu"
 threads = 1
 warmup_iters = 1
 request_timeout_s = 60.0
+[models.deadlines]
+forward_s = 10.0
 
 [ray]
 num_replicas = 2

@@ -159,7 +159,9 @@ def test_code_update_rolls_the_replicas_under_load(deployed: Deployed) -> None:
     model_py.write_text(model_py.read_text().replace("SCALE = 1.0", "SCALE = 2.0"))
     x = np.ones((1, 64), np.float32)
     want = _mlp_reference(d, d.project / "mlp/weights.safetensors", x)
-    assert export_ray_main(str(d.out), str(d.project / "hotreload.toml"), None) == 0
+    gen_pids = d.cluster.pids("gen")
+    # One model re-exported: only its zip (runtime_env) changes, only its replicas roll.
+    assert export_ray_main(str(d.out), str(d.project / "hotreload.toml"), "mlp") == 0
 
     def new_code_everywhere() -> bool:
         pids = d.cluster.pids("mlp")
@@ -172,6 +174,7 @@ def test_code_update_rolls_the_replicas_under_load(deployed: Deployed) -> None:
     assert load.ok > 0
     for _ in range(8):
         _close(infer_mlp(d.port, x)[0], want)
+    assert d.cluster.pids("gen") == gen_pids
 
 
 def test_clean_shutdown(deployed: Deployed) -> None:
