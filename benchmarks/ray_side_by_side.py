@@ -2,7 +2,7 @@
 blocking `reconfigure`, side by side in one run.
 
     .venv/bin/python benchmarks/ray_side_by_side.py [--clients 16] [--seconds 20]
-        [--every 4] [--hidden 2048]
+        [--updates 3] [--every 4] [--hidden 1024]
 
 The same model in all three: the example MLP, widened to `--hidden` (bigger weights, so a
 load takes long enough to show), served on CPU, 16 closed-loop KServe JSON clients:
@@ -16,8 +16,9 @@ load takes long enough to show), served on CPU, 16 closed-loop KServe JSON clien
   user writes today (ray_blocking_replica.py): `load_state_dict` in place, synchronously,
   on the replica's event loop, so requests wait while it loads.
 
-Each system runs once without updates (steady p99) and once with an update every `--every`
-s. Reported: answered, failed; steady p99; p99 of requests overlapping an update window
+Each system runs once without updates (`--seconds`: steady p99) and once with `--updates`
+updates, each `--every` s after the last one's command returned.
+Reported: answered, failed; steady p99; p99 of requests overlapping an update window
 ([update sent, first answer with the new digest + 0.5 s]); update -> first new answer.
 Figures, not a test.
 """
@@ -57,16 +58,15 @@ class Run:
     sent_at: list[float] = field(default_factory=list)
 
 
-async def _clients(url: str, clients: int, seconds: float, run: Run) -> None:
+async def _clients(url: str, clients: int, stop: asyncio.Event, run: Run) -> None:
     import aiohttp
 
-    end = time.time() + seconds
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60)
     ) as http:
 
         async def one() -> None:
-            while time.time() < end:
+            while not stop.is_set():
                 t_wall, t0 = time.time(), time.perf_counter()
                 try:
                     async with http.post(url + "/v2/models/mlp/infer", data=BODY) as r:
@@ -146,17 +146,20 @@ def _measure(system: str, url: str, args: argparse.Namespace, updates: bool, upd
     run = Run(system, updates)
 
     async def go() -> None:
-        load = asyncio.create_task(_clients(url, args.clients, args.seconds, run))
+        stop = asyncio.Event()
+        load = asyncio.create_task(_clients(url, args.clients, stop, run))
+        await asyncio.sleep(args.every)
         if updates:
-            k = 0
-            t_end = time.time() + args.seconds - args.every
-            await asyncio.sleep(args.every / 2)
-            while time.time() < t_end:
-                k += 1
+            # One update after another (each once the last one's command returned), then
+            # `every` s more, so the last one's first new answer falls inside the run.
+            for k in range(1, args.updates + 1):
                 t = time.time()
                 sent = await asyncio.to_thread(update, k)
                 run.sent_at.append(sent if isinstance(sent, float) else t)
                 await asyncio.sleep(args.every)
+        else:
+            await asyncio.sleep(args.seconds)
+        stop.set()
         await load
 
     asyncio.run(go())
@@ -233,7 +236,8 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--every", type=float, default=4.0)
-    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--systems", nargs="+", default=["hotreload", "ray"])
     args = p.parse_args()
     if not (BIN / "serve").exists() and "ray" in args.systems:
@@ -255,8 +259,8 @@ def main() -> int:
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{args.clients} closed-loop clients, {args.seconds:g} s a run, an update every "
-          f"{args.every:g} s, MLP hidden {args.hidden}, CPU")  # fmt: skip
+    print(f"{args.clients} closed-loop clients; steady run {args.seconds:g} s; "
+          f"{args.updates} updates, {args.every:g} s apart; MLP hidden {args.hidden}")  # fmt: skip
     report(runs)
     return 0
 

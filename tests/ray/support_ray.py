@@ -36,15 +36,43 @@ def free_port() -> int:
 class RayCluster:
     """`ray start --head --block` on 127.0.0.1 with ports of its own; `stop()` ends it."""
 
-    def __init__(self, num_cpus: int = 8, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, num_cpus: int = 8, start_timeout_s: float = 180.0, attempts: int = 3
+    ) -> None:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="hr-ray-", dir="/tmp"))  # short: sockets
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+        self.known: set[int] = set()
+        self.stopped = False
+        # `ray start` gives its raylet a fixed 30 s to register, which an overloaded machine
+        # misses now and then: a failed start is stopped and tried again, a few times.
+        for attempt in range(1, attempts + 1):
+            self._start(num_cpus)
+            deadline = time.monotonic() + start_timeout_s
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    self.get("/api/serve/applications/")
+                    return
+                except (OSError, urllib.error.URLError, ValueError):
+                    self._remember()
+                    time.sleep(1.0)
+            why = (
+                f"ray start exited: {self.start_log()[-3000:]}"
+                if self.proc.poll() is not None
+                else f"Ray's dashboard did not answer in {start_timeout_s:.0f} s"
+            )
+            self.stop()
+            if attempt == attempts:
+                raise RuntimeError(why)
+            self.stopped = False
+            self.known = set()
+
+    def _start(self, num_cpus: int) -> None:
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
         self.http_port = free_port()
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
         self.log = open(self.temp_dir / "ray-start.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": ""}
-        self.env.pop("RAY_ADDRESS")
         cmd = [
             str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
             "--node-ip-address=127.0.0.1", f"--port={self.gcs_port}",
@@ -56,21 +84,6 @@ class RayCluster:
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
-        self.known: set[int] = set()
-        self.stopped = False
-        deadline = time.monotonic() + start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"ray start exited: {self.start_log()[-3000:]}")
-            try:
-                self.get("/api/serve/applications/")
-                return
-            except (OSError, urllib.error.URLError, ValueError):
-                self._remember()
-                time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"Ray's dashboard did not answer in {start_timeout_s:.0f} s")
 
     def start_log(self) -> str:
         return (self.temp_dir / "ray-start.log").read_text(errors="replace")
