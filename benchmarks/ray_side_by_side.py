@@ -258,6 +258,7 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+            shutil.rmtree(cluster.temp_dir, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{args.clients} closed-loop clients; steady run {args.seconds:g} s; "
           f"{args.updates} updates, {args.every:g} s apart; MLP hidden {args.hidden}")  # fmt: skip
