@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "export",
-        help="write the models as a Triton Inference Server model repository",
+        help="write the models for Triton Inference Server or Ray Serve",
         description="Export the config's models for another server. `hotreload export "
         "triton OUT_DIR` writes OUT_DIR/<model>/config.pbtxt and 1/model.py (python backend) "
         "with the code and weights copied in; start it with `tritonserver --model-repository "
@@ -130,6 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arg(t)
     t.add_argument("--model", metavar="NAME", help="export only this model")
     t.set_defaults(func=_cmd_export_triton)
+    r = targets.add_parser(
+        "ray",
+        help="a Ray Serve config (serve_config.yaml) for `serve run` / `serve deploy`",
+        description="Write OUT_DIR/serve_config.yaml and the applications' working_dir zip "
+        "(code, weights, replica). With --model NAME --weights FILE: name new weights in "
+        "NAME's user_config, applied by `serve deploy` without restarting a replica.",
+    )
+    r.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write")
+    _add_config_arg(r)
+    r.add_argument("--model", metavar="NAME", help="export (or update) only this model")
+    r.add_argument(
+        "--weights", metavar="FILE", nargs="+", help="new weights for --model (an update)"
+    )
+    r.add_argument(
+        "--uri-prefix",
+        metavar="URI",
+        help="where you will upload the zip (s3://bucket/dir) for nodes without OUT_DIR; "
+        "default: a file:// URI of OUT_DIR",
+    )
+    r.set_defaults(func=_cmd_export_ray)
 
     from hotreload.commands import gpu_tools as gpu_cli
 
@@ -191,6 +211,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from hotreload.commands.report import report_main
 
     return report_main(args.config, args.html)
+
+
+def _cmd_export_ray(args: argparse.Namespace) -> int:
+    from hotreload.export.ray import export_ray_main
+
+    return export_ray_main(args.out_dir, args.config, args.model, args.weights, args.uri_prefix)
 
 
 def _cmd_export_triton(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ HEAVY = ("torch", "textual", "pynvml")
         "hotreload.commands.dashboard_ops, hotreload.commands.watch_dashboard",
         "hotreload.commands.dashboard, hotreload.protocol.frame_protocol",
         "hotreload.export.triton, hotreload.export.local_triton, hotreload.export.bundle",
+        "hotreload.export.ray, hotreload.export.ray_options",
     ],
 )
 def test_manager_side_imports_no_heavy_module(modules: str) -> None:

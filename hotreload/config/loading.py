@@ -111,7 +111,18 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
     return parse_config(raw, path=path, prefix=prefix)
 
 
-_TOP_KEYS = ("models", "state_dir", "socket_dir", "max_frame_mib", "watch", "gpu", "check", "http")
+#: `ray` is read by `hotreload export ray` alone (hotreload/export/ray_options.py).
+_TOP_KEYS = (
+    "models",
+    "state_dir",
+    "socket_dir",
+    "max_frame_mib",
+    "watch",
+    "gpu",
+    "check",
+    "http",
+    "ray",
+)
 
 
 def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Config:

@@ -55,6 +55,28 @@ class _Module:
     imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     #: Name -> the `import a.b` lines that bind it (`importlib.machinery` needs its own).
     plain: dict[str, set[str]] = field(default_factory=dict)
+    #: Name -> later top-level statements that change it in place (`TABLE[key] = value`).
+    amends: dict[str, list[ast.stmt]] = field(default_factory=dict)
+
+
+def _bound_names(target: ast.expr) -> list[str]:
+    """The names an assignment target binds (`a`, `a, b`, `*rest`), not those it only
+    indexes (`TABLE[key]` binds nothing: it changes TABLE)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    return []
+
+
+def _amended_name(target: ast.expr) -> str | None:
+    """`TABLE` for a target `TABLE[key]` or `TABLE.attr` (nested too)."""
+    node = target
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) and node is not target else None
 
 
 def _load(name: str) -> _Module:
@@ -67,9 +89,11 @@ def _load(name: str) -> _Module:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        mod.defs[n.id] = node
+                for bound in _bound_names(t):
+                    mod.defs[bound] = node
+                base = _amended_name(t)
+                if base is not None:  # `TABLE[key] = ...`: part of TABLE's definition
+                    mod.amends.setdefault(base, []).append(node)
         elif isinstance(node, ast.Import):
             for a in node.names:
                 bound = a.asname or a.name.split(".")[0]
@@ -104,6 +128,8 @@ def bundle_source(roots: dict[str, tuple[str, ...]] = ROOTS) -> str:
     modules: dict[str, _Module] = {}
     picked: dict[tuple[str, str], ast.stmt] = {}
     external: set[str] = set()
+    #: Module -> the hotreload modules it takes names from (defined first in the bundle).
+    deps: dict[str, set[str]] = {}
     #: (module, name, only named in annotations?)
     todo = [(m, n, False) for m, names in roots.items() for n in names]
     while todo:
@@ -117,10 +143,14 @@ def bundle_source(roots: dict[str, tuple[str, ...]] = ROOTS) -> str:
             runtime, typing = _used_names(stmt)
             todo += [(mod_name, n, False) for n in runtime if n != name]
             todo += [(mod_name, n, True) for n in typing]
+            for i, extra in enumerate(mod.amends.get(name, ())):
+                picked[(mod_name, f"{name} (amended {i})")] = extra
+                todo += [(mod_name, n, False) for n in _used_names(extra)[0] if n != name]
         elif name in mod.imports:
             source, attr = mod.imports[name]
             if source.startswith("hotreload"):
                 if not typing_only:
+                    deps.setdefault(mod_name, set()).add(source)
                     todo.append((source, attr or name, False))
             elif attr is None:
                 external.update(mod.plain[name])
@@ -129,9 +159,10 @@ def bundle_source(roots: dict[str, tuple[str, ...]] = ROOTS) -> str:
         # else a builtin or a local name: nothing to take
     _check_unique(picked)
     _check_no_hotreload_imports(picked.values())
-    # Definitions in their files' order, files in dependency order (a module's names are
-    # used by the ones that import them, which come later in ROOTS' walk).
-    order = {m: i for i, m in enumerate(reversed(list(modules)))}
+    # Definitions in their files' order, files in dependency order: a module's names come
+    # before those of the modules that import them (module-level code such as a table
+    # that names another module's constant runs in that order).
+    order = {m: i for i, m in enumerate(_dependency_order(list(modules), deps))}
     body = sorted(
         {id(s): (m, s) for (m, _), s in picked.items()}.values(),
         key=lambda ms: (order[ms[0]], ms[1].lineno),
@@ -152,6 +183,26 @@ def bundle_source(roots: dict[str, tuple[str, ...]] = ROOTS) -> str:
         for m, s in body
     ]
     return "\n".join(header) + "\n\n" + "\n\n\n".join(parts) + "\n"
+
+
+def _dependency_order(names: list[str], deps: dict[str, set[str]]) -> list[str]:
+    """`names` with every module after the modules it imports from (depth first; the
+    package's modules import each other without cycles, which lint-imports checks)."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for dep in sorted(deps.get(name, ())):
+            if dep in names:
+                visit(dep)
+        out.append(name)
+
+    for name in names:
+        visit(name)
+    return out
 
 
 def _source_of(mod: _Module) -> str:
