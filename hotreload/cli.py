@@ -214,7 +214,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_ray(args: argparse.Namespace) -> int:
-    from hotreload.export.ray import export_ray_main
+    from hotreload.commands.export import export_ray_main
 
     return export_ray_main(args.out_dir, args.config, args.model, args.weights, args.uri_prefix)
 

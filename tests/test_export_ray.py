@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from hotreload.commands.export import export_ray_main
 from hotreload.config import Threads, load_config
 from hotreload.errors import ConfigError
-from hotreload.export.ray import STATE_FILE, export_ray_main, serve_config, to_yaml
+from hotreload.export.ray import STATE_FILE, serve_config, to_yaml
 from hotreload.export.ray_options import (
     NotExpressible,
     deployment_options,

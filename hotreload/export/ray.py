@@ -22,19 +22,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from hotreload.config import Config, ModelConfig, load_config
-from hotreload.errors import ConfigError
-from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.config import Config, ModelConfig
 from hotreload.export.bundle import ROOTS, bundle_source
 from hotreload.export.code_copy import CopyError, copy_code
 from hotreload.export.ray_options import (
-    NotExpressible,
     check_ray_table,
     deployment_options,
     request_timeout,
@@ -269,52 +265,3 @@ def update_weights(out: Path, model: str, files: list[str]) -> tuple[Path, dict[
         "version": int(entry["user_config"].get("version", 1)) + 1,
     }
     return write_config(out, state), entry["user_config"]
-
-
-def export_ray_main(
-    out_dir: str,
-    config_path: str | None,
-    model: str | None,
-    weights: list[str] | None = None,
-    uri_prefix: str | None = None,
-) -> int:
-    """The command: 0 when written, 1 when a model cannot be exported, 2 for the config."""
-    out = Path(out_dir).expanduser().resolve()
-    if weights:
-        if not model:
-            print("hotreload export ray: --weights needs --model NAME", file=sys.stderr)
-            return EXIT_USAGE
-        try:
-            path, user_config = update_weights(out, model, weights)
-        except (ExportError, OSError, KeyError, ValueError) as exc:
-            print(f"hotreload export ray: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-        print(f"{path}: {model!r} user_config is now {json.dumps(user_config)}")
-        print(f"Apply it without restarting a replica: serve deploy {path}")
-        return EXIT_OK
-    try:
-        config = load_config(config_path)
-        models = [config.model(model)] if model else list(config.models)
-    except ConfigError as exc:
-        print(f"hotreload export: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        path = export_ray(config, models, out, uri_prefix)
-    except (ExportError, NotExpressible) as exc:
-        print(f"hotreload export ray: cannot be exported: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    state = json.loads((out / STATE_FILE).read_text("utf-8"))
-    for name in [m.name for m in models]:
-        m = state["models"][name]
-        o = m["options"]
-        count = o.get("num_replicas", "autoscaling")
-        print(
-            f"exported {name!r}: application {state['app_prefix'] + name}, route "
-            f"/v2/models/{name}, {count} replica(s), {o['ray_actor_options']['num_cpus']:g} "
-            f"CPU and {o['ray_actor_options']['num_gpus']:g} GPU each"
-        )
-        print(f"  working_dir: {m['working_dir']}")
-        if uri_prefix:
-            print(f"  upload {out / Path(m['working_dir']).name} there before deploying")
-    print(f"Start it: ray start --head && serve deploy {path}   (docs/ray.md)")
-    return EXIT_OK

@@ -84,7 +84,7 @@ class Deployed:
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    from hotreload.export.ray import export_ray_main
+    from hotreload.commands.export import export_ray_main
     from tests.ray.support_ray import BIN, RayCluster
 
     # Not imported here: Ray runs in its own processes, and importing it in the test

@@ -18,7 +18,7 @@ import torch
 import tritonclient.http as httpclient
 from safetensors.torch import load_file, save_file
 
-from hotreload.export.ray import export_ray_main
+from hotreload.commands.export import export_ray_main
 from tests.ray.conftest import Deployed
 from tests.ray.support_ray import Load, infer_mlp
 
