@@ -15,6 +15,7 @@ import pytest
 
 from hotreload import Client
 from tests.http.support_http import request
+from tests.http.test_real_models import load_module
 from tests.support import REPO
 
 torch = pytest.importorskip("torch")
@@ -223,25 +224,18 @@ def test_edits_and_pushes_mid_run_change_who_answers(tmp_path: Path, http_serve:
     text2, v2, d2 = answer()
     assert (v2, text2 != text1, d2 != d1) == (v1 + 1, True, True)
 
-    code.write_text(code.read_text() + "\nthis is not python\n")
+    good = code.read_text()
+    code.write_text(good + "\ndef broken(:\n")
     status, _, failed = post(server.url, "/v2/repository/models/gen/load", {})
     assert status == 500 and "keeps serving" in failed["error"]
     assert answer() == (text2, v2, d2)
 
-    # A trainer's push: min_version parks the request until that version serves.
+    # The edit fixed, a trainer pushes weights: min_version parks the request until that
+    # version serves, and the answer names it.
+    code.write_text(good)
     client = Client(config=proj / "hotreload.toml", timeout_s=60)
-    module_state = {k: v * 0.5 for k, v in _tiny_lm_state(proj).items()}
-    pushed = client.update_weights("gen", module_state)
+    state = load_module(code, "hr_tiny_lm_pushed").build().state_dict()
+    pushed = client.update_weights("gen", {k: v * 0.5 for k, v in state.items()})
     ask["min_version"] = pushed["version"]
     text3, v3, d3 = answer()
     assert v3 == pushed["version"] and d3 == pushed["digest"] and text3 != text2
-
-
-def _tiny_lm_state(proj: Path) -> dict[str, Any]:
-    from tests.http.test_real_models import load_module
-
-    code = proj / "model.py"
-    source = code.read_text().replace("\nthis is not python\n", "\n")
-    fixed = proj / "state_model.py"
-    fixed.write_text(source)
-    return load_module(fixed, "hr_tiny_lm_state").build().state_dict()
