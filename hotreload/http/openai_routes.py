@@ -15,7 +15,7 @@ in the `X-Hotreload-Version` / `X-Hotreload-Digest` headers.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -27,7 +27,20 @@ from hotreload.protocol.ops import WorkerOp
 
 if TYPE_CHECKING:
     from hotreload.engine.model import ModelSupervisor
-    from hotreload.http.server import KServeApp
+    from hotreload.engine.session import Session
+    from hotreload.http.metrics import SessionMetrics
+
+
+class KServeFront(Protocol):
+    """What these routes use of the KServe app (http/server.py's `KServeApp`): its session,
+    metrics, body reading and model lookup, so both answer errors alike."""
+
+    session: Session
+    metrics: SessionMetrics
+
+    async def _json_body(self, request: web.Request) -> dict[str, Any]: ...
+
+    def _host(self, request: web.Request) -> ModelSupervisor: ...
 
 VERSION_HEADER = "X-Hotreload-Version"
 DIGEST_HEADER = "X-Hotreload-Digest"
@@ -38,7 +51,7 @@ MIN_VERSION_HEADER = "X-Hotreload-Min-Version"
 class TextRoutes:
     """The handlers, over the KServe app's session, errors and body limits."""
 
-    def __init__(self, kapp: KServeApp) -> None:
+    def __init__(self, kapp: KServeFront) -> None:
         self.kapp = kapp
         self.session = kapp.session
         kapp.metrics.registry.register(TextCollector(kapp.session))

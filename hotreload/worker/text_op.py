@@ -5,7 +5,7 @@ forward), answered with the version and digest that computed it."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -22,7 +22,20 @@ from hotreload.worker.text_tokenizer import Tokenizer, TokenizerError, tokenizer
 
 if TYPE_CHECKING:
     from hotreload.worker.loader import ModelVersion
-    from hotreload.worker.server import Worker
+
+
+class ServingWorker(Protocol):
+    """What the op reads and counts on the worker (worker/server.py's `Worker`)."""
+
+    current: ModelVersion | None
+    spec: dict[str, Any]
+    served: int
+    failed: int
+    skipped: int
+    busy_since: float | None
+    busy_total: float
+
+    def send(self, header: dict[str, Any], blobs: list[Any] | None = None) -> None: ...
 
 #: How long an answer waits for a just-swapped version's weights digest.
 DIGEST_WAIT_S = 60.0
@@ -89,7 +102,7 @@ def run_text(mv: ModelVersion, spec: dict[str, Any], req: dict[str, Any]) -> dic
     }
 
 
-def op_text(worker: Worker, frame: Frame) -> None:
+def op_text(worker: ServingWorker, frame: Frame) -> None:
     """The `text` op on the serving thread: the same deadline skip and busy accounting as
     a forward (build pacing sees generation as serving work)."""
     h = frame.header

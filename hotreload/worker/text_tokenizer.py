@@ -10,7 +10,6 @@ with that version.
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -81,11 +80,10 @@ def from_folder(folder: Path) -> Tokenizer:
         cached = _folder_cache.get(key)
         if cached is not None and cached[0] == state:
             return cached[1]
-        # Never reach for the Hub: the folder is all there is.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
             from transformers import AutoTokenizer
 
+            # Never the Hub: the folder is all there is.
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except Exception as exc:
             raise TokenizerError(
