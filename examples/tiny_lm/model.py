@@ -18,8 +18,11 @@ SEED = 0
 TOP_K = 1
 
 
-def encode(text: str) -> list[int]:
-    return [BOS, *(b + 3 for b in text.encode())]
+def encode(text: str, add_special_tokens: bool = True) -> list[int]:
+    """Bytes as ids, after BOS unless told not to (the text routes' `/tokenize` and an eval
+    harness splitting context from continuation ask without)."""
+    ids = [b + 3 for b in text.encode()]
+    return [BOS, *ids] if add_special_tokens else ids
 
 
 def decode(ids: list[int]) -> str:
@@ -64,9 +67,24 @@ class TinyLM(nn.Module):
         torch.manual_seed(SEED)
         self.lm = Qwen2ForCausalLM(config).eval()
 
-    def forward(self, prompts: list[str], max_new_tokens: int = 16) -> list[str]:
+    def forward(
+        self,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 16,
+        *,
+        input_ids: torch.Tensor | None = None,
+        cache: object | None = None,
+        use_cache: bool = False,
+    ) -> list[str] | object:
         """Greedy-style decoding with the KV cache; each prompt's answer does not depend on
-        the others in the batch (left padding, positions from the attention mask)."""
+        the others in the batch (left padding, positions from the attention mask).
+
+        With `input_ids` instead: the logits of those tokens (an output with `.logits` and
+        `.cache`), which is what the text routes call (`generator = true` in the config:
+        /v1/completions, lm-eval), tokenized by `encode`/`decode` above."""
+        if input_ids is not None:
+            return self.lm(input_ids=input_ids, cache=cache, use_cache=use_cache)
+        assert prompts is not None, "pass prompts (a list of str) or input_ids"
         rows = [encode(p) for p in prompts]
         width = max(len(r) for r in rows)
         ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])

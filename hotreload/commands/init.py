@@ -55,6 +55,9 @@ strategy = "inplace"                 # "inplace" (re-import in the same worker) 
                                      #   the CPU; 0 = build at full speed
 # expected_output = { shape = [-1, 10], dtype = "float32" }
 # shapes = { input_ids = [-1, -1] }  # input dims that may vary (-1); default: dimension 0 only
+# generator = true                  # a causal LM (forward returns logits): serve /v1/completions
+# tokenizer = "tokenizer/"           # its save_pretrained folder (default: the module's
+                                     #   encode/decode)
 
 [models.env]                         # applied in the worker before torch is imported
 # PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"

@@ -17,6 +17,7 @@ from typing import Any
 from hotreload.config import weights as weights_mod
 from hotreload.config.checker import Checker, kind_of
 from hotreload.config.shapes import parse_shapes
+from hotreload.config.text import parse_text
 
 #: Overrides every model's `device` (used by scripts/gpu-check.sh to force `cuda:0`).
 DEVICE_ENV = "HOTRELOAD_DEVICE"
@@ -129,6 +130,10 @@ class ModelConfig:
     deadlines: Deadlines = field(default_factory=Deadlines)
     #: Input name -> dimensions, -1 where any size is accepted (config/shapes.py).
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: A causal LM serving the text routes (config/text.py), and its tokenizer folder
+    #: (None: the model module's encode/decode).
+    generator: bool = False
+    tokenizer: Path | None = None
 
 
 MODEL_KEYS = (
@@ -156,6 +161,8 @@ MODEL_KEYS = (
     "expected_output",
     "deadlines",
     "shapes",
+    "generator",
+    "tokenizer",
 )
 _DEADLINE_KEYS = tuple(Deadlines.__dataclass_fields__)
 
@@ -312,6 +319,7 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         }
     )
 
+    generator, tokenizer = parse_text(m, root)
     return ModelConfig(
         name=name,
         entry=entry,
@@ -339,6 +347,8 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         expected_output=expected,
         deadlines=deadlines,
         shapes=shapes,
+        generator=generator,
+        tokenizer=tokenizer,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from hotreload.engine.signature import check_inputs, check_parameters
 from hotreload.engine.stats import LatencyWindow, RequestCounters
+from hotreload.engine.text_stats import TextStats
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess
 from hotreload.errors import (
     BadRequestError,
@@ -61,6 +62,8 @@ class Request:
     parameters: dict[str, Any] | None = None
     #: Answered by this version or a later one (`Client.infer(min_version=)`).
     min_version: int = 0
+    #: A `text` op's request (completions, tokenizer), sent instead of a forward.
+    text: dict[str, Any] | None = None
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -83,6 +86,8 @@ class ModelRouter:
     counters: RequestCounters = field(default_factory=RequestCounters)
     latency: LatencyWindow = field(default_factory=LatencyWindow)
     queue_latency: LatencyWindow = field(default_factory=LatencyWindow)
+    #: Tokens per second and time to first token of completions (a text generator's).
+    text_stats: TextStats = field(default_factory=TextStats)
 
     def __post_init__(self) -> None:
         self._queue: deque[Request] = deque()
@@ -148,6 +153,7 @@ class ModelRouter:
             "requests": self.counters.as_dict(),
             "latency": self.latency.summary(),
             "queue_latency": self.queue_latency.summary(),
+            **({"text": self.text_stats.summary()} if self.text_stats.completions else {}),
         }
 
     # ------------------------------------------------------------------ intake
@@ -175,14 +181,17 @@ class ModelRouter:
         Callbacks, not futures, all the way from the client socket to the worker and back:
         a reply is written to the client in the loop turn it arrives in.
         """
+        text = header.get("text") if header.get("op") == WorkerOp.TEXT else None
         try:
-            metas = validate_metas(header.get("tensors"), len(payload), payload)
+            metas = [] if text else validate_metas(header.get("tensors"), len(payload), payload)
         except Exception as exc:  # ProtocolError: say what was wrong, keep serving
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {exc}"))
             return
         parameters = header.get("parameters")
-        problem = check_parameters(parameters) or check_inputs(
+        # A text request carries no tensors: the worker checks it (http/openai_routes.py
+        # checked its fields), so it shares the queue, gate and timeouts of a forward.
+        problem = None if text else check_parameters(parameters) or check_inputs(
             header.get("form"), metas, self.input_form, self.input_signature
         )
         if problem:
@@ -211,6 +220,7 @@ class ModelRouter:
         # asyncio's loop clock is time.monotonic(), so deadlines and latencies share one clock.
         now = loop.time()
         req = Request(metas, payload, done, now, now + timeout, parameters=parameters or None)
+        req.text = text
         req.timer = loop.call_at(req.deadline, self._expire, req, timeout)
         min_version = header.get("min_version")
         if isinstance(min_version, int) and min_version > self.version:
@@ -276,7 +286,9 @@ class ModelRouter:
             # The deadline travels (one monotonic clock for all processes on the machine):
             # the worker skips a request whose client has given up instead of computing it.
             header = {"op": WorkerOp.INFER, "tensors": req.metas, "deadline": req.deadline}
-            if req.parameters:
+            if req.text is not None:
+                header = {"op": WorkerOp.TEXT, "text": req.text, "deadline": req.deadline}
+            elif req.parameters:
                 header["parameters"] = req.parameters
             if not worker.send_with_callback(header, blobs, on_reply):
                 on_reply(None, WorkerDied(worker.exit_reason or "worker is not running"))
@@ -298,6 +310,8 @@ class ModelRouter:
                 self.counters.ok += 1
                 now = time.monotonic()
                 self.latency.add((now - req.enqueued_at) * 1000, now)
+                if req.text is not None:
+                    self.text_stats.add(frame.header, now)
                 req.finish(frame, None)
             else:
                 err = frame.header.get("error") or {}

@@ -93,6 +93,7 @@ def worker_spec(
         "max_frame_bytes": config.max_frame_bytes,
         "watch": [str(p) for p in model.watch],
         "shapes": {k: list(v) for k, v in model.shapes.items()},
+        "tokenizer": str(model.tokenizer) if model.tokenizer else None,
     }
     spec.update(code or {})
     return spec

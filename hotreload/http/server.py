@@ -28,15 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from hotreload import __version__
 from hotreload.engine.event_kinds import HttpStarted, SessionStopping
 from hotreload.engine.events import typed
-from hotreload.errors import (
-    BadRequestError,
-    ClientError,
-    HotreloadError,
-    ModelError,
-    QueueFullError,
-    RequestTimeoutError,
-    WorkerUnavailableError,
-)
+from hotreload.errors import ClientError, HotreloadError
 from hotreload.http.body import BodyError, BodyLimits, read_body
 from hotreload.http.kserve import (
     HEADER_LENGTH,
@@ -47,6 +39,8 @@ from hotreload.http.kserve import (
     to_router_request,
 )
 from hotreload.http.metrics import SessionMetrics, model_ready
+from hotreload.http.openai_routes import TextRoutes
+from hotreload.http.replies import HttpError, client_error, json_response
 
 if TYPE_CHECKING:
     from hotreload.engine.model import ModelSupervisor
@@ -62,45 +56,6 @@ _NO_WORKER_STATES = frozenset({"unloaded", "stopped"})
 SHUTDOWN_TIMEOUT_S = 2.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class HttpError(Exception):
-    """Answered as `{"error": message}` with `status` (and any extra fields); `close`: the
-    connection closes after the answer (a body not read to its end cannot be skipped)."""
-
-    def __init__(self, status: int, message: str, *, close: bool = False, **extra: Any) -> None:
-        self.status = status
-        self.message = message
-        self.close = close
-        self.extra = extra
-        super().__init__(message)
-
-
-def json_response(doc: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(doc, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-    )
-
-
-def _status_for(exc: ClientError) -> int:
-    if isinstance(exc, BadRequestError):
-        return 400
-    if isinstance(exc, RequestTimeoutError):
-        return 504
-    if isinstance(exc, (QueueFullError, WorkerUnavailableError)):
-        return 503
-    return 500
-
-
-def _client_error(exc: ClientError) -> HttpError:
-    if isinstance(exc, ModelError):
-        # str(ModelError) appends the traceback for terminals; JSON gets it as its own field.
-        message = str(exc).split("\n--- remote traceback ---", 1)[0]
-        return HttpError(500, message, traceback=exc.remote_traceback)
-    return HttpError(_status_for(exc), str(exc))
-
 
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -171,6 +126,8 @@ class KServeApp:
                 post("/v2/repository/models/{name}/load", self.load),
                 post("/v2/repository/models/{name}/unload", self.unload),
                 get("/metrics", self.prometheus),
+                # OpenAI completions, the generate extension, tokenizer routes.
+                *TextRoutes(self).routes(),
             ]
         )
         return app
@@ -281,7 +238,7 @@ class KServeApp:
         try:
             frame = await host.router.submit_future(header, payload)
         except ClientError as exc:
-            raise _client_error(exc) from None
+            raise client_error(exc) from None
         h = frame.header
         try:
             pieces, json_len = encode_infer_response(

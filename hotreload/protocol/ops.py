@@ -44,3 +44,6 @@ class WorkerOp(StrEnum):
     PING = "ping"
     #: Exit.
     SHUTDOWN = "shutdown"
+    #: Text on the serving version (completions, tokenize, detokenize, tokenizer info),
+    #: on the serving thread: `text` holds the request (worker/text_op.py).
+    TEXT = "text"

@@ -184,11 +184,20 @@ def latency_text(m: dict[str, Any] | None, history: Sequence[float], width: int)
     spark = Text(sparkline(history, width), "yellow")
     count = f"{lat['count']:,} req in 60 s"
     wide = p50 + Text("  ") + p95 + Text("  ") + p99
+    gen = m.get("text")  # a text generator's completions (engine/text_stats.py)
+    caption = Text("p99 trend, last 2 min", "dim")
+    if gen and gen.get("completions"):
+        caption = Text.assemble(
+            (f"{gen['tokens_per_s']:,.0f}", "bold"),
+            " tok/s  first token ",
+            (f"{gen['ttft_p50_ms']:.1f}", "bold"),
+            " ms",
+        )
     if len(wide) <= width:
         lines = [
             wide,
             spark,
-            Text("p99 trend, last 2 min", "dim"),
+            caption,
             Text(f"{lat['count']:,} req/60 s, max {lat.get('max_ms', 0):.2f}", "dim"),
         ]
     else:

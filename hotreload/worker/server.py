@@ -7,6 +7,7 @@ Roboflow's shared step pool showed). Replies from every thread go through one lo
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import socket
@@ -33,6 +34,7 @@ from hotreload.worker.placement import BuildPlacement
 from hotreload.worker.replies import error_header, message_of, return_free_heap, user_traceback
 from hotreload.worker.signatures import normalise_output
 from hotreload.worker.status_report import worker_status
+from hotreload.worker.text_op import op_text
 from hotreload.worker.weights import example_digest
 
 _STOP = object()
@@ -358,8 +360,7 @@ class Worker:
         if self.retired is None:
             raise LoadError("nothing to restore")
         loader.restore(self.retired)
-        if self.staged is not None:
-            loader.release(self.staged)
+        loader.release(self.staged)  # None: nothing to release
         self.current, self.retired, self.staged = self.retired, None, None
         self.state = "serving"
         self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
@@ -397,8 +398,6 @@ class Worker:
     def op_status(self, frame: Frame) -> None:
         if frame.header.get("collect"):
             # A settled figure for leak checks: collect every generation, drop cached blocks.
-            import gc
-
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -432,6 +431,7 @@ class Worker:
         # A WorkerOp hashes and compares as its string: a header's plain `op` finds its route.
         routes: dict[WorkerOp, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
             WorkerOp.INFER: (serve_q, self.op_infer),
+            WorkerOp.TEXT: (serve_q, lambda f: op_text(self, f)),  # completions, tokenizer
             WorkerOp.LOAD: (self.load_q, self.op_load),
             WorkerOp.SMOKE: (self.load_q, self.op_smoke),
             WorkerOp.SWAP: (control_q, self.op_swap),

@@ -143,3 +143,5 @@ class ModelView:
     queue_limit: int
     inflight: int
     requests: dict[str, int]
+    #: A generator's text figures (engine/text_stats.py: tokens/s, time to first token).
+    text: dict[str, Any]

@@ -101,6 +101,7 @@ class ModelState:
             queue_limit=router.max_queue_size,
             inflight=router.inflight,
             requests=router.counters.as_dict(),
+            text=router.text_stats.summary(),
         )
 
     # ------------------------------------------------------------------ which worker serves

@@ -1,0 +1,230 @@
+"""Scoring and generation for a causal LM, in the worker: what `/v1/completions` computes.
+
+One forward over the whole prompt (for an eval harness: context + continuation) gives every
+prompt token's log-probability (`echo`) and the logits of the first new token; the decode
+loop then feeds one token at a time with the model's KV cache when its forward takes one
+(`past_key_values`, or `cache` as transformers 5 spells it), else the whole sequence again.
+Greedy at temperature 0, so the tokens are the ones `argmax` picks in-process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hotreload.worker.text_tokenizer import Tokenizer
+
+#: Keywords a forward may take its KV cache by, and the output attributes it comes back in.
+_CACHE_KWARGS = ("past_key_values", "cache")
+
+
+class NotAGenerator(ValueError):
+    """The model cannot serve text routes (its output has no logits); answered as a 400."""
+
+
+class TextRequestError(ValueError):
+    """A text request the model cannot answer as sent (an empty prompt); a 400."""
+
+
+@dataclass
+class ModelCall:
+    """How to call one model for logits: by `input_ids=` or positionally, with which cache
+    keyword (None: no cache, the loop re-runs the sequence)."""
+
+    model: Any
+    by_keyword: bool
+    cache_kw: str | None
+
+    @classmethod
+    def of(cls, model: Any) -> ModelCall:
+        fn = getattr(model, "forward", model)
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return cls(model, False, None)
+        cache_kw = next((k for k in _CACHE_KWARGS if k in params), None)
+        return cls(model, "input_ids" in params, cache_kw)
+
+    def __call__(self, ids: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, Any]:
+        """Logits [1, len, vocab] for `ids` [1, len] (the new tokens when `cache` holds the
+        earlier ones), and the cache to pass next time."""
+        kwargs: dict[str, Any] = {}
+        if self.cache_kw is not None:
+            kwargs["use_cache"] = True
+            if cache is not None:
+                kwargs[self.cache_kw] = cache
+        out = self.model(input_ids=ids, **kwargs) if self.by_keyword else self.model(ids)
+        logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
+        if logits is None and isinstance(out, dict):
+            logits = out.get("logits")
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+            got = type(out).__name__
+            raise NotAGenerator(
+                f"the model's forward returned {got}, not logits: a text generator's forward "
+                "takes input_ids [batch, length] and returns logits [batch, length, vocab] "
+                "(a tensor, or an output with .logits)"
+            )
+        new_cache = None
+        if self.cache_kw is not None:
+            new_cache = next(
+                (getattr(out, k) for k in _CACHE_KWARGS if getattr(out, k, None) is not None),
+                None,
+            )
+        return logits, new_cache
+
+
+@dataclass
+class Sampling:
+    """A request's decoding settings (validated by the HTTP front)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+    echo: bool = False
+
+
+@dataclass
+class Completion:
+    """One prompt's answer: the legacy completions choice, before JSON."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: dict[str, Any] | None
+    #: Seconds from the start of this prompt to its first new token (None: none made).
+    first_token_s: float | None
+
+
+def _top(lp: torch.Tensor, k: int, tok: Tokenizer) -> dict[str, float]:
+    values, ids = torch.topk(lp, k)
+    top: dict[str, float] = {}
+    for v, i in zip(values.tolist(), ids.tolist(), strict=True):
+        top.setdefault(tok.token_text(i), v)  # two ids with one text: the likelier stays
+    return top
+
+
+def _pick(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
+    if s.temperature <= 0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.float() / s.temperature, dim=-1)
+    if s.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < s.top_p
+        keep[0] = True
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def complete(
+    call: ModelCall,
+    tok: Tokenizer,
+    prompt_ids: list[int],
+    s: Sampling,
+    device: torch.device,
+) -> Completion:
+    """Score the prompt and continue it by up to `s.max_tokens` tokens."""
+    if not prompt_ids:
+        raise TextRequestError("the prompt is empty after tokenization; send at least one token")
+    t0 = time.perf_counter()
+    gen = None
+    if s.temperature > 0 and s.seed is not None:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(s.seed))
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    logits, cache = call(ids)
+    lp_rows: list[torch.Tensor] = []  # log-softmax of the position before each new token
+    lp_ids: list[int] = []
+    tokens_out: list[int] = []
+    eos_made = 0
+    want_lp = s.logprobs is not None
+    prompt_lp = logits[0].float().log_softmax(-1) if (s.echo and want_lp) else None
+    last = logits[0, -1].float()
+    finish = "length"
+    first_token_s = None
+    text = ""
+    for _ in range(s.max_tokens):
+        nxt = _pick(last, s, gen)
+        if first_token_s is None:
+            first_token_s = time.perf_counter() - t0
+        if want_lp:
+            # Every new token is scored, the end-of-text one too: lm-eval reads the prompt's
+            # log-probabilities as all but the last entry (it asks for max_tokens=1).
+            lp_rows.append(last.log_softmax(-1))
+            lp_ids.append(nxt)
+        if tok.eos_id is not None and nxt == tok.eos_id:
+            finish = "stop"
+            eos_made = 1
+            break
+        tokens_out.append(nxt)
+        text = tok.decode(tokens_out)
+        cut = min((text.find(x) for x in s.stop if x and x in text), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+            finish = "stop"
+            break
+        if len(tokens_out) == s.max_tokens:
+            break
+        if call.cache_kw is not None and cache is not None:
+            logits, cache = call(torch.tensor([[nxt]], dtype=torch.long, device=device), cache)
+        else:
+            whole = torch.tensor([prompt_ids + tokens_out], dtype=torch.long, device=device)
+            logits, cache = call(whole)
+        last = logits[0, -1].float()
+    logprobs = None
+    if want_lp:
+        logprobs = _legacy_logprobs(tok, prompt_ids, prompt_lp, lp_ids, lp_rows, s)
+    if s.echo:
+        text = tok.decode(prompt_ids) + text
+    made = len(tokens_out) + eos_made
+    return Completion(text, finish, len(prompt_ids), made, logprobs, first_token_s)
+
+
+def _legacy_logprobs(
+    tok: Tokenizer,
+    prompt_ids: list[int],
+    prompt_lp: torch.Tensor | None,
+    new_ids: list[int],
+    new_lp: list[torch.Tensor],
+    s: Sampling,
+) -> dict[str, Any]:
+    """OpenAI's legacy `choices[].logprobs`: the prompt's tokens first when echoed (the
+    first has no log-probability: null), then the new ones; `text_offset` is each token's
+    character offset in the prompt + answer text."""
+    k = int(s.logprobs or 0)
+    ids: list[int] = []
+    token_lp: list[float | None] = []
+    top: list[dict[str, float] | None] = []
+    if s.echo and prompt_lp is not None:
+        ids.extend(prompt_ids)
+        token_lp.append(None)
+        top.append(None)
+        # Row i scores token i + 1: one gather for the whole prompt.
+        targets = torch.tensor(prompt_ids[1:], device=prompt_lp.device)
+        picked = prompt_lp[:-1].gather(1, targets[:, None])[:, 0].tolist()
+        token_lp.extend(picked)
+        for i in range(len(prompt_ids) - 1):
+            top.append(_top(prompt_lp[i], k, tok) if k > 0 else {})
+    for t, row in zip(new_ids, new_lp, strict=True):
+        ids.append(t)
+        token_lp.append(float(row[t]))
+        top.append(_top(row, k, tok) if k > 0 else {})
+    texts = [tok.token_text(i) for i in ids]
+    start = 0 if s.echo else len(tok.decode(prompt_ids))
+    offsets = []
+    for t in texts:
+        offsets.append(start)
+        start += len(t)
+    return {
+        "tokens": texts,
+        "token_logprobs": token_lp,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }

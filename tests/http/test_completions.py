@@ -1,0 +1,241 @@
+"""The text routes against the model called in this process: `/v1/completions` (echo
+logprobs, greedy continuation through the KV cache, seeded sampling), the `openai` client,
+the generate extension, the tokenizer routes, the version on every answer, and the errors
+that say what to fix. Then the dev loop: an edit and a push mid-run change the version that
+answers, and a broken edit keeps the old one answering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hotreload import Client
+from tests.http.support_http import request
+from tests.http.test_real_models import load_module
+from tests.support import REPO
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from tests.evalharness.make_lm import served_project  # noqa: E402
+
+TOL = 1e-4
+PLAIN = """
+import torch
+
+def build():
+    return torch.nn.Linear(4, 2)
+
+def example():
+    return torch.ones(1, 4)
+"""
+
+
+def post(url: str, path: str, doc: Any) -> tuple[int, dict[str, str], Any]:
+    status, headers, body = request(
+        url, path, json.dumps(doc).encode(), {"Content-Type": "application/json"}, timeout=60
+    )
+    return status, headers, json.loads(body)
+
+
+def in_process_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return logits.log_softmax(-1)
+
+
+def greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding by re-running the whole sequence: no cache, nothing shared with the
+    server's decode loop."""
+    out = list(ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            out.append(int(model(input_ids=torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+@pytest.fixture
+def lm_server(tmp_path: Path, http_serve: Any) -> Any:
+    config = served_project(tmp_path / "proj")
+    (config.parent / "plain.py").write_text(PLAIN)
+    config.write_text(
+        config.read_text()
+        + '\n[[models]]\nname = "plain"\nentry = "plain.py:build"\nexample = "plain.py:example"'
+        "\nthreads = 1\nwarmup_iters = 1\n"
+    )
+    server = http_serve(config)
+    folder = config.parent / "lm"
+    server.model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    server.tok = transformers.AutoTokenizer.from_pretrained(folder)
+    return server
+
+
+def check_echo_logprobs(url: str, model: Any, tok: Any) -> None:
+    """What lm-eval reads for a loglikelihood: every prompt token's log-probability, the
+    first null; a shift by one or a wrong row scores at chance, so it must match."""
+    text = "Question: What color is the sky on a clear day?\nAnswer: blue"
+    ids = tok(text).input_ids
+    for prompt in (text, ids):
+        status, headers, doc = post(
+            url,
+            "/v1/completions",
+            {
+                "model": "lm",
+                "prompt": prompt,
+                "max_tokens": 1,
+                "echo": True,
+                "logprobs": 1,
+                "temperature": 0,
+            },
+        )
+        assert status == 200, doc
+        lp = doc["choices"][0]["logprobs"]
+        want = in_process_logprobs(model, ids)
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        got = lp["token_logprobs"][1 : len(ids)]
+        expected = [float(want[i - 1, t]) for i, t in enumerate(ids) if i > 0]
+        assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= TOL
+        # The one new token is scored by the last prompt row; top-1 is the greedy pick.
+        nxt = int(want[-1].argmax())
+        assert abs(lp["token_logprobs"][-1] - float(want[-1, nxt])) <= TOL
+        assert max(lp["top_logprobs"][-1].values()) == lp["token_logprobs"][-1]
+        assert len(lp["tokens"]) == len(ids) + 1 == len(lp["text_offset"])
+        assert "".join(lp["tokens"][: len(ids)]) == text and lp["text_offset"][0] == 0
+        assert doc["usage"] == {
+            "prompt_tokens": len(ids),
+            "completion_tokens": 1,
+            "total_tokens": len(ids) + 1,
+        }
+        assert doc["system_fingerprint"] == headers["X-Hotreload-Digest"].strip()
+        assert doc["system_fingerprint"].startswith("sha256:")
+
+
+def test_completions_are_the_models_own(lm_server: Any) -> None:
+    url, model, tok = lm_server.url, lm_server.model, lm_server.tok
+    check_echo_logprobs(url, model, tok)
+
+    # Greedy continuation through the KV cache = greedy without one, in this process.
+    prompt = "The capital of France is"
+    ids = tok(prompt).input_ids
+    status, headers, doc = post(
+        url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0}
+    )
+    assert status == 200, doc
+    want = tok.decode(greedy(model, ids, 8))
+    assert doc["choices"][0]["text"] == want and doc["choices"][0]["finish_reason"] == "length"
+    assert headers["X-Hotreload-Version"] == "1" and doc["model_version"] == 1
+
+    # The openai client, as users write it.
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    got = client.completions.create(
+        model="lm", prompt=[prompt, "One, two"], max_tokens=8, temperature=0
+    )
+    assert got.choices[0].text == want and len(got.choices) == 2
+    assert got.system_fingerprint == doc["system_fingerprint"]
+    assert [m.id for m in client.models.list().data] == ["lm"]
+    # A stop string cuts the text before it.
+    stop = want[2:4]
+    cut = client.completions.create(
+        model="lm", prompt=prompt, max_tokens=8, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].text == want[: want.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    # Seeded sampling repeats itself.
+    a, b = (
+        client.completions.create(
+            model="lm", prompt=prompt, max_tokens=8, seed=7, temperature=1.0, top_p=0.9
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    )
+    assert a == b
+
+    # Triton's generate extension answers the same text.
+    status, _, gen = post(
+        url, "/v2/models/lm/generate", {"text_input": prompt, "parameters": {"max_tokens": 8}}
+    )
+    assert status == 200 and gen["text_output"] == want and gen["model_version"] == "1"
+
+    # Tokenizer routes: what lm-eval's remote tokenizer calls.
+    status, _, t = post(url, "/tokenize", {"prompt": prompt, "add_special_tokens": False})
+    assert t["tokens"] == ids
+    assert post(url, "/detokenize", {"tokens": ids})[2]["prompt"] == prompt
+    status, _, info = request(url, "/tokenizer_info")
+    assert json.loads(info)["eos_token"] == tok.eos_token
+
+    status, _, metrics = request(url, "/metrics")
+    line = next(
+        x
+        for x in metrics.decode().splitlines()
+        if x.startswith('hotreload_generation_tokens_per_second{model="lm"}')
+    )
+    assert float(line.split()[-1]) > 0
+    check_bad_requests(url)
+
+
+BAD_REQUESTS = [
+    ({"model": "plain", "prompt": "x"}, 400, "'plain' is not a text generator"),
+    ({"model": "nope", "prompt": "x"}, 404, "unknown model 'nope'"),
+    ({"model": "lm", "prompt": "x", "n": 2}, 400, "'n' must be 1"),
+    ({"model": "lm", "prompt": "x", "stream": True}, 400, "streaming is not supported"),
+    ({"model": "lm"}, 400, "'prompt' is missing"),
+    ({"model": "lm", "prompt": [1, "a"]}, 400, "'prompt' mixes kinds"),
+    ({"model": "lm", "prompt": "x", "logprobs": 99}, 400, "'logprobs' must be an integer"),
+    ({"model": "lm", "prompt": "x", "temperature": -1}, 400, "'temperature' must be"),
+    ({"model": "lm", "prompt": "x", "min_version": "new"}, 400, "'min_version' must be"),
+]
+
+
+def check_bad_requests(url: str) -> None:
+    for body, status, says in BAD_REQUESTS:
+        got, _, doc = post(url, "/v1/completions", body)
+        assert got == status and says in doc["error"], (body, doc)
+    got, _, doc = post(url, "/v2/models/plain/generate", {"text_input": "x"})
+    assert got == 400 and "not a text generator" in doc["error"]
+
+
+def test_edits_and_pushes_mid_run_change_who_answers(tmp_path: Path, http_serve: Any) -> None:
+    proj = tmp_path / "tiny_lm"
+    shutil.copytree(
+        REPO / "examples" / "tiny_lm",
+        proj,
+        ignore=shutil.ignore_patterns("__pycache__", ".hotreload"),
+    )
+    server = http_serve(proj / "hotreload.toml")
+    ask = {"model": "gen", "prompt": "Hello", "max_tokens": 6, "temperature": 0}
+
+    def answer() -> tuple[str, int, str]:
+        status, headers, doc = post(server.url, "/v1/completions", ask)
+        assert status == 200, doc
+        assert headers["X-Hotreload-Version"] == str(doc["model_version"])
+        return doc["choices"][0]["text"], doc["model_version"], doc["system_fingerprint"]
+
+    text1, v1, d1 = answer()
+    code = proj / "model.py"
+    code.write_text(code.read_text().replace("SEED = 0\n", "SEED = 1\n"))
+    status, _, load = post(server.url, "/v2/repository/models/gen/load", {})
+    assert status == 200, load
+    text2, v2, d2 = answer()
+    assert (v2, text2 != text1, d2 != d1) == (v1 + 1, True, True)
+
+    good = code.read_text()
+    code.write_text(good + "\ndef broken(:\n")
+    status, _, failed = post(server.url, "/v2/repository/models/gen/load", {})
+    assert status == 500 and "keeps serving" in failed["error"]
+    assert answer() == (text2, v2, d2)
+
+    # The edit fixed, a trainer pushes weights: min_version parks the request until that
+    # version serves, and the answer names it.
+    code.write_text(good)
+    client = Client(config=proj / "hotreload.toml", timeout_s=60)
+    state = load_module(code, "hr_tiny_lm_pushed").build().state_dict()
+    pushed = client.update_weights("gen", {k: v * 0.5 for k, v in state.items()})
+    ask["min_version"] = pushed["version"]
+    text3, v3, d3 = answer()
+    assert v3 == pushed["version"] and d3 == pushed["digest"] and text3 != text2
