@@ -19,6 +19,7 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor, ReloadOutcome
+from hotreload.engine.push_intake import intake
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.engine.worker_proc import WorkerOp
@@ -89,11 +90,11 @@ class Session:
                 "status": self._op_status,
                 "ping": self._op_ping,
                 "reload": self._op_reload,
-                "update_weights": self._op_update_weights,
                 "wait_version": self._op_wait_version,
             },
             config.max_frame_bytes,
             fast_handlers={"infer": self._op_infer},
+            peer_handlers={"update_weights": self._op_update_weights},
         )
         self.started_at = time.time()
         #: Who runs on which CPUs (made at open); the affinity to restore at stop.
@@ -368,14 +369,20 @@ class Session:
         return {"ok": True, "outcomes": [o.as_dict() for o in outcomes]}, []
 
     async def _op_update_weights(
-        self, header: dict[str, Any], payload: memoryview | bytes
+        self, header: dict[str, Any], payload: memoryview | bytes, peer_pid: int | None
     ) -> tuple[dict[str, Any], list[Any]]:
-        """A trainer's push (`Client.update_weights`): the next version, with its digest."""
+        """A trainer's push (`Client.update_weights`): the next version, with its digest.
+        The descriptor and its memfd are checked here, off the event loop's blocking
+        calls (engine/push_intake.py), before the model's push path sees them."""
         sup = self.model(header.get("model"))
         state = header.get("state")
         if state is None:
             raise BadRequestError("update_weights needs 'state': the pushed state's descriptor")
-        result = await sup.push(state, strict=bool(header.get("strict", True)))
+        checked = await intake(state, peer_pid)
+        try:
+            result = await sup.push(checked.descriptor, strict=bool(header.get("strict", True)))
+        finally:
+            checked.close_later()
         return {"ok": True, "model": sup.name, **result}, []
 
     async def _op_wait_version(
