@@ -29,7 +29,7 @@ from hotreload.errors import (
     RequestTimeoutError,
     WorkerUnavailableError,
 )
-from hotreload.protocol.framing import Frame
+from hotreload.protocol.framing import MAX_HEADER_BYTES, Frame, header_bytes
 from hotreload.protocol.tensors import validate_metas
 
 #: A request whose worker died is sent once more to the restarted worker, then failed.
@@ -39,6 +39,11 @@ MAX_ATTEMPTS = 2
 #: processes on one core stalled the old one's last requests for 300 ms at times), and a
 #: hung old forward delays the new version by this much, not by the drain deadline.
 HANDOVER_HOLD_S = 0.1
+#: What the header the router writes for the worker may hold besides the request's tensors
+#: and parameters (op, deadline, id), with room to spare.
+_HEADER_OVERHEAD = 256
+#: The largest forward header the worker reads (`framing.MAX_HEADER_BYTES`).
+FORWARD_HEADER_LIMIT = MAX_HEADER_BYTES - _HEADER_OVERHEAD
 
 
 #: Called exactly once per request with (reply frame, None) or (None, the error).
@@ -61,6 +66,11 @@ class Request:
     parameters: dict[str, Any] | None = None
     #: Answered by this version or a later one (`Client.infer(min_version=)`).
     min_version: int = 0
+    #: The worker it was last sent to, and its place in that worker's line (send order).
+    sent_to: WorkerProcess | None = None
+    seq: int = 0
+    #: Bytes it holds while parked for a version (its payload and parameters).
+    parked_bytes: int = 0
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -105,6 +115,9 @@ class ModelRouter:
         #: Requests asking for a version not serving yet (`min_version`), oldest first.
         self._parked: list[Request] = []
         self._version_waiters: list[tuple[int, asyncio.Future[int]]] = []
+        self._sent = 0
+        #: Workers whose death was put down to one request already (the oldest it held).
+        self._blamed: deque[WorkerProcess] = deque(maxlen=8)
 
     # ------------------------------------------------------------------ figures
 
@@ -189,6 +202,11 @@ class ModelRouter:
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {problem}"))
             return
+        problem = forward_problem(metas, parameters)
+        if problem:
+            self.counters.bad_request += 1
+            done(None, BadRequestError(f"model {self.name!r}: {problem}"))
+            return
         if self.unavailable_reason is not None:
             self.counters.fail("unavailable")
             done(None, WorkerUnavailableError(self.unavailable_reason))
@@ -267,6 +285,8 @@ class ModelRouter:
             req = self._queue.popleft()
             req.attempts += 1
             req.sent_at = now
+            self._sent += 1
+            req.sent_to, req.seq = worker, self._sent
             if req.attempts == 1:
                 self.queue_latency.add((now - req.enqueued_at) * 1000, now)
             self._inflight.add(req)
@@ -318,8 +338,33 @@ class ModelRouter:
                     req.finish(None, ModelError(message, err.get("traceback")))
         self.pump()
 
+    def _computing_when_died(self, req: Request) -> bool:
+        """Was `req` the request its worker was computing when it died (the oldest it
+        held: one serving thread computes in send order)? It may be what killed it (a
+        crash, a hung forward): sent again it killed the new worker too, and 25 innocent
+        requests behind it timed out. The oldest is blamed once per worker."""
+        worker = req.sent_to
+        if worker is None or any(w is worker for w in self._blamed):
+            return False
+        held = (r for r in (*self._inflight, *self._draining) if r.sent_to is worker)
+        if any(r.seq < req.seq for r in held):
+            return False
+        self._blamed.append(worker)
+        return True
+
     def _on_worker_failure(self, req: Request, exc: BaseException) -> None:
         if req.finished:
+            return
+        if isinstance(exc, WorkerDied) and self._computing_when_died(req):
+            self.counters.fail("unavailable")
+            req.finish(
+                None,
+                WorkerUnavailableError(
+                    f"model {self.name!r}: the worker died while computing this request "
+                    f"({exc}); it is not sent again, since it may be what killed the worker. "
+                    "The requests behind it are retried on the restarted worker"
+                ),
+            )
             return
         if isinstance(exc, WorkerDied) and req.attempts < MAX_ATTEMPTS and not req.expired:
             # Retry once on the restarted worker, ahead of newer requests.
@@ -421,6 +466,23 @@ class ModelRouter:
                 req.finish(None, error)
                 n += 1
         return n
+
+
+def forward_problem(metas: list[dict[str, Any]], parameters: Any) -> str | None:
+    """Why the header for the worker would be too large, or None. Counted as the router
+    writes it (ASCII-escaped JSON: a 600 KB header of non-ASCII text grows past the limit),
+    and only when it could come close: most requests pay a sum of name lengths."""
+    rough = sum(len(m.get("name", "")) for m in metas) * 6 + 160 * len(metas)
+    if not parameters and rough < FORWARD_HEADER_LIMIT // 2:
+        return None
+    size = header_bytes({"tensors": metas, "parameters": parameters or {}})
+    if size <= FORWARD_HEADER_LIMIT:
+        return None
+    return (
+        f"the request's tensor descriptions and parameters take {size} bytes as the worker "
+        f"reads them (JSON, non-ASCII escaped), over the {FORWARD_HEADER_LIMIT}-byte header "
+        "limit; send large values as input tensors, not parameters"
+    )
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:

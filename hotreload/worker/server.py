@@ -23,7 +23,7 @@ import torch
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader, weights_digest
+from hotreload.worker import loader, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -231,8 +231,7 @@ class Worker:
             busy = time.monotonic  # busy for the whole of every step
         return Pacer(float(self.spec.get("build_pace") or 0.0), busy)
 
-    def _serving_busy_seconds(self) -> float:
-        """Total time the serving thread has spent on requests, the one running included."""
+    def _serving_busy_seconds(self) -> float:  # on requests, the one running included
         since = self.busy_since
         return self.busy_total + (time.monotonic() - since if since is not None else 0.0)
 
@@ -455,9 +454,11 @@ class Worker:
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
-        reader = SocketFrameReader(self.sock, self.max_frame)
+        reader = SocketFrameReader(
+            self.sock, self.max_frame, on_bad_frame=replies.answer_bad(self.send)
+        )
         while self.running:
-            try:
+            try:  # (a frame too large to read is answered in there: answer_bad)
                 frame = reader.read()
             except (ConnectionError, OSError):
                 break
