@@ -18,6 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hotreload.engine.request_limits import (
+    MAX_PARKED_BYTES,
+    ParkedRequests,
+    forward_problem,
+    request_bytes,
+)
 from hotreload.engine.signature import check_inputs, check_parameters
 from hotreload.engine.stats import LatencyWindow, RequestCounters
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess
@@ -29,7 +35,7 @@ from hotreload.errors import (
     RequestTimeoutError,
     WorkerUnavailableError,
 )
-from hotreload.protocol.framing import MAX_HEADER_BYTES, Frame, header_bytes
+from hotreload.protocol.framing import Frame
 from hotreload.protocol.tensors import validate_metas
 
 #: A request whose worker died is sent once more to the restarted worker, then failed.
@@ -39,13 +45,6 @@ MAX_ATTEMPTS = 2
 #: processes on one core stalled the old one's last requests for 300 ms at times), and a
 #: hung old forward delays the new version by this much, not by the drain deadline.
 HANDOVER_HOLD_S = 0.1
-#: What the header the router writes for the worker may hold besides the request's tensors
-#: and parameters (op, deadline, id), with room to spare.
-_HEADER_OVERHEAD = 256
-#: The largest forward header the worker reads (`framing.MAX_HEADER_BYTES`).
-FORWARD_HEADER_LIMIT = MAX_HEADER_BYTES - _HEADER_OVERHEAD
-
-
 #: Called exactly once per request with (reply frame, None) or (None, the error).
 Done = Callable[[Frame | None, BaseException | None], None]
 
@@ -69,8 +68,6 @@ class Request:
     #: The worker it was last sent to, and its place in that worker's line (send order).
     sent_to: WorkerProcess | None = None
     seq: int = 0
-    #: Bytes it holds while parked for a version (its payload and parameters).
-    parked_bytes: int = 0
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -93,6 +90,8 @@ class ModelRouter:
     counters: RequestCounters = field(default_factory=RequestCounters)
     latency: LatencyWindow = field(default_factory=LatencyWindow)
     queue_latency: LatencyWindow = field(default_factory=LatencyWindow)
+    #: What requests parked for a version may hold in all (`request_limits`).
+    max_parked_bytes: int = MAX_PARKED_BYTES
 
     def __post_init__(self) -> None:
         self._queue: deque[Request] = deque()
@@ -113,7 +112,7 @@ class ModelRouter:
         #: The version serving now (set by the supervisor).
         self.version = 0
         #: Requests asking for a version not serving yet (`min_version`), oldest first.
-        self._parked: list[Request] = []
+        self._parked = ParkedRequests(self.max_parked_bytes)
         self._version_waiters: list[tuple[int, asyncio.Future[int]]] = []
         self._sent = 0
         #: Workers whose death was put down to one request already (the oldest it held).
@@ -234,8 +233,23 @@ class ModelRouter:
         if isinstance(min_version, int) and min_version > self.version:
             # A trainer asking for the answer of its own push: it waits for that version
             # (to its timeout) instead of being answered by the one before.
+            why = self._parked.refusal(
+                request_bytes(payload, parameters),
+                len(self._queue) + len(self._parked),
+                self.max_queue_size,
+            )
+            if why is not None:
+                self.counters.rejected += 1
+                req.finish(
+                    None,
+                    QueueFullError(
+                        f"model {self.name!r}: Exceeds maximum queue size: {why}; retry once "
+                        f"v{min_version} serves (wait_version), or raise max_queue_size"
+                    ),
+                )
+                return
             req.min_version = min_version
-            self._parked.append(req)
+            self._parked.add(min_version, request_bytes(payload, parameters), req)
             return
         self._queue.append(req)
         self._peak_depth = max(self._peak_depth, len(self._queue))
@@ -389,8 +403,7 @@ class ModelRouter:
         for n, fut in self._version_waiters:
             if n <= version and not fut.done():
                 fut.set_result(version)
-        ready = [r for r in self._parked if r.min_version <= version]
-        self._parked = [r for r in self._parked if r.min_version > version]
+        ready = self._parked.take_ready(version)
         self._queue.extend(r for r in ready if not r.finished)
         self.pump()
 
@@ -457,8 +470,7 @@ class ModelRouter:
     def fail_queued(self, error: ClientError) -> int:
         """Fail every queued request (shutdown, or a model that cannot be brought back)."""
         n = 0
-        parked, self._parked = self._parked, []
-        self._queue.extend(parked)
+        self._queue.extend(self._parked.take_all())
         while self._queue:
             req = self._queue.popleft()
             if not req.finished:
@@ -466,23 +478,6 @@ class ModelRouter:
                 req.finish(None, error)
                 n += 1
         return n
-
-
-def forward_problem(metas: list[dict[str, Any]], parameters: Any) -> str | None:
-    """Why the header for the worker would be too large, or None. Counted as the router
-    writes it (ASCII-escaped JSON: a 600 KB header of non-ASCII text grows past the limit),
-    and only when it could come close: most requests pay a sum of name lengths."""
-    rough = sum(len(m.get("name", "")) for m in metas) * 6 + 160 * len(metas)
-    if not parameters and rough < FORWARD_HEADER_LIMIT // 2:
-        return None
-    size = header_bytes({"tensors": metas, "parameters": parameters or {}})
-    if size <= FORWARD_HEADER_LIMIT:
-        return None
-    return (
-        f"the request's tensor descriptions and parameters take {size} bytes as the worker "
-        f"reads them (JSON, non-ASCII escaped), over the {FORWARD_HEADER_LIMIT}-byte header "
-        "limit; send large values as input tensors, not parameters"
-    )
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
