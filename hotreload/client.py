@@ -86,11 +86,25 @@ def resolve_socket(
 ) -> Path:
     if socket_path is not None:
         return Path(socket_path)
-    from hotreload.config import load_config
+    from hotreload.config import load_locations
     from hotreload.paths import socket_path_for
 
-    cfg = load_config(config)
-    return socket_path_for(cfg.path, cfg.socket_dir)
+    # Only where the session lives: a missing or broken entry file must not keep a client
+    # from a live session (which may serve the last good version).
+    where = load_locations(config)
+    return socket_path_for(where.path, where.socket_dir)
+
+
+def http_headers(config: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The headers a request to the session's HTTP endpoint sends to be allowed the
+    repository routes and tracebacks (`[http] auth = "token"`): its bearer token, read from
+    the config's state folder. Empty when there is no token (auth off, or no session has
+    served HTTP yet). E.g. `tritonclient.http...load_model("m", headers=http_headers())`."""
+    from hotreload.config import load_locations
+    from hotreload.paths import read_http_token
+
+    token = read_http_token(load_locations(config).state_dir)
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def build_infer_header(

@@ -127,3 +127,36 @@ def snapshot_root(config_path: Path) -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     digest = hashlib.sha256(str(config_path.resolve()).encode()).hexdigest()[:16]
     return Path(cache) / "hotreload" / "snapshots" / digest
+
+
+#: The HTTP endpoint's bearer token, in the private state folder (`[http] auth = "token"`).
+HTTP_TOKEN_FILE = "http_token"
+
+
+def http_token_path(state_dir: Path) -> Path:
+    return state_dir / HTTP_TOKEN_FILE
+
+
+def read_http_token(state_dir: Path) -> str | None:
+    """The session's HTTP token, or None when there is none (or it is not ours alone)."""
+    path = http_token_path(state_dir)
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None
+        return path.read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def ensure_http_token(state_dir: Path) -> str:
+    """The token, made once (0600, 256 random bits) and kept across sessions, so scripts
+    that read it keep working after a restart."""
+    import secrets
+
+    token = read_http_token(state_dir)
+    if token is None:
+        ensure_state_dir(state_dir)
+        token = secrets.token_urlsafe(32)
+        write_private_file(http_token_path(state_dir), token + "\n")
+    return token

@@ -35,6 +35,7 @@ from hotreload.errors import (
     RequestTimeoutError,
     WorkerUnavailableError,
 )
+from hotreload.http.auth import token_middleware, without_details
 from hotreload.http.body import BodyError, BodyLimits, read_body
 from hotreload.http.kserve import (
     HEADER_LENGTH,
@@ -45,6 +46,7 @@ from hotreload.http.kserve import (
     to_router_request,
 )
 from hotreload.http.metrics import SessionMetrics, model_ready
+from hotreload.paths import ensure_http_token, http_token_path
 
 if TYPE_CHECKING:
     from hotreload.engine.model import ModelSupervisor
@@ -106,7 +108,9 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except HttpError as exc:
-        resp = json_response({"error": exc.message, **exc.extra}, exc.status)
+        resp = json_response(
+            {"error": exc.message, **without_details(request, exc.extra)}, exc.status
+        )
         if exc.close:
             resp.force_close()
         return resp
@@ -132,9 +136,16 @@ class KServeApp:
     """Request handlers over one session."""
 
     def __init__(
-        self, session: Session, metrics: SessionMetrics, max_body_bytes: int, limits: BodyLimits
+        self,
+        session: Session,
+        metrics: SessionMetrics,
+        max_body_bytes: int,
+        limits: BodyLimits,
+        token: str | None = None,
     ) -> None:
         self.session = session
+        #: The bearer token the repository routes and tracebacks need (None: open).
+        self.token = token
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.limits = limits
@@ -150,7 +161,9 @@ class KServeApp:
 
     def build(self) -> web.Application:
         # aiohttp refuses bodies over client_max_size with 413 (turned into JSON above).
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_errors_as_json])
+        token_file = str(http_token_path(self.session.config.state_dir))
+        middlewares = [_errors_as_json, token_middleware(self.token, token_file)]
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=middlewares)
         get, post = web.get, web.post
         model = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
@@ -464,7 +477,8 @@ async def start_http(
         timeout_s=config.http.body_timeout_s,
         max_inflated_bytes=(config.http.max_inflated_mib or config.max_frame_mib) * 2**20,
     )
-    kapp = KServeApp(session, SessionMetrics(session), config.max_frame_bytes, limits)
+    token = ensure_http_token(config.state_dir) if config.http.auth == "token" else None
+    kapp = KServeApp(session, SessionMetrics(session), config.max_frame_bytes, limits, token)
     endpoint = HttpEndpoint(kapp, host, config.http.keepalive_timeout_s)
     endpoint.port = await endpoint.listen(kapp.build(), port)
     if metrics_port is not None:
