@@ -251,14 +251,24 @@ class Session:
         return self.state_dir / "session.json"
 
     def _write_session_file(self) -> None:
-        ensure_state_dir(self.state_dir)
+        """session.json, for `hotreload status` and the dashboard. A full (or read-only)
+        state folder is said once and the session serves anyway, as a full disk
+        mid-session is: the socket, not this file, is how clients find it."""
         data = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),
             "config": str(self.config.path),
             "started_at": self.started_at,
         }
-        write_private_file(self._session_file(), json.dumps(data, indent=2) + "\n")
+        try:
+            ensure_state_dir(self.state_dir)
+            write_private_file(self._session_file(), json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            self.events.emit(
+                "events_file_error",
+                message=f"the state folder {self.state_dir} cannot be written "
+                f"({exc.strerror or exc}); the session runs on without session.json",
+            )
 
     def _remove_session_file(self) -> None:
         try:
