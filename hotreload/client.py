@@ -342,8 +342,14 @@ class Client:
         self._local = threading.local()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+        # No module globals here: at interpreter exit they may be gone (contextlib was),
+        # and each socket's own finaliser closes it then anyway.
+        socks = self.__dict__.get("_all") or []
+        for sock in socks:
+            try:
+                sock.close()
+            except Exception:
+                pass
 
     def __enter__(self) -> Client:
         return self

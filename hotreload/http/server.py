@@ -37,6 +37,7 @@ from hotreload.errors import (
 )
 from hotreload.http.auth import token_middleware, without_details
 from hotreload.http.body import BodyError, BodyLimits, read_body
+from hotreload.http.edges import answer_parse_errors_in_json, http_exception_response
 from hotreload.http.kserve import (
     HEADER_LENGTH,
     InferRequestError,
@@ -117,12 +118,7 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        text = exc.text or exc.reason
-        if exc.status == 404:
-            text = f"no such endpoint: {request.method} {request.path}"
-        elif exc.status == 405:
-            text = f"{request.method} is not allowed on {request.path}"
-        return json_response({"error": text}, exc.status)
+        return http_exception_response(request, exc)
     except Exception as exc:  # a bug: say so, keep serving
         log.exception("HTTP %s %s failed", request.method, request.path)
         message = (
@@ -172,6 +168,7 @@ class KServeApp:
                 get("/v2/health/live", self.live),
                 get("/v2/health/ready", self.ready),
                 get("/v2", self.server_metadata),
+                get("/v2/", self.server_metadata),  # the spec's own spelling
                 get(model, self.model_metadata),
                 get(version, self.model_metadata),
                 get(model + "/ready", self.model_ready),
@@ -432,6 +429,7 @@ class HttpEndpoint:
             auto_decompress=False,
         )
         await runner.setup()
+        answer_parse_errors_in_json(runner)
         self._runners.append(runner)
         site = web.TCPSite(runner, self.host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -45,6 +46,8 @@ def test_the_repository_routes_need_the_token_and_the_cli_finds_a_session_withou
     )
     assert status == 200 and json.loads(body)[0]["state"] == "READY"
 
+    check_http_edges(server)
+
     # The entry file goes missing: the session still serves its last good version, and
     # the client and `hotreload reload` reach it by its socket.
     (config.parent / "model.py").rename(config.parent / "model.py.away")
@@ -58,6 +61,25 @@ def test_the_repository_routes_need_the_token_and_the_cli_finds_a_session_withou
         env=dict(os.environ),
     )
     assert "reload FAILED" in out.stdout and out.returncode == 1, out.stdout + out.stderr
+
+
+def check_http_edges(server: HttpServeProcess) -> None:
+    """Issue 30, item 11: `GET /v2/` answers like `/v2`, a 405 names what is allowed (the
+    `Allow` header), a malformed request gets a JSON 400 and leaves no traceback."""
+    status, _, body = request(server.url, "/v2/")
+    assert status == 200 and json.loads(body)["name"] == "hotreload"
+    status, headers, body = request(server.url, "/v2/health/live", b"{}", method="POST")
+    assert status == 405 and "GET" in headers.get("Allow", ""), headers
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nBad Header Without Colon\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, doc = reply.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400" and b"application/json" in head, reply
+    assert "malformed HTTP request" in json.loads(doc)["error"]
+    assert "Traceback" not in server.output and "Error handling request" not in server.output
 
 
 def test_auth_none_is_the_open_mode_and_a_bogus_mode_is_refused(tmp_path: Path) -> None:
