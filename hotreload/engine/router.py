@@ -194,8 +194,16 @@ class ModelRouter:
             done(None, BadRequestError(f"model {self.name!r}: {exc}"))
             return
         parameters = header.get("parameters")
-        problem = check_parameters(parameters) or check_inputs(
-            header.get("form"), metas, self.input_form, self.input_signature
+        form = header.get("form")
+        problem = (
+            f"form {form!r} is not one of 'single', 'tuple', 'dict'"
+            if form not in (None, "single", "tuple", "dict")
+            else None
+        )
+        problem = (
+            problem
+            or check_parameters(parameters)
+            or check_inputs(header.get("form"), metas, self.input_form, self.input_signature)
         )
         if problem:
             self.counters.bad_request += 1

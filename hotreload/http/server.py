@@ -342,7 +342,8 @@ class KServeApp:
         only when it has succeeded or failed, with the error in the body on failure."""
         host = self._host(request)
         doc = await self._json_body(request)
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters")
+        params = {} if params is None else params  # [] is no object: refused below
         if not isinstance(params, dict):
             raise HttpError(400, "'parameters' must be a JSON object, e.g. {}")
         if any(k == "config" or k.startswith("file:") for k in params):

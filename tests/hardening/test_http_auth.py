@@ -47,6 +47,15 @@ def test_the_repository_routes_need_the_token_and_the_cli_finds_a_session_withou
     assert status == 200 and json.loads(body)[0]["state"] == "READY"
 
     check_http_edges(server)
+    # Issue 30, item 12: a load whose parameters are not an object is refused.
+    status, _, body = request(
+        server.url,
+        "/v2/repository/models/mlp/load",
+        b'{"parameters": []}',
+        http_headers(config),
+        method="POST",
+    )
+    assert status == 400 and "'parameters' must be a JSON object" in json.loads(body)["error"]
 
     # The entry file goes missing: the session still serves its last good version, and
     # the client and `hotreload reload` reach it by its socket.
