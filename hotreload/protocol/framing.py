@@ -171,8 +171,8 @@ class SocketFrameReader:
         self,
         sock: socket.socket,
         max_bytes: int,
-        chunk: int = 256 * 1024,
         on_bad_frame: Callable[[ProtocolError], None] | None = None,
+        chunk: int = 256 * 1024,
     ) -> None:
         """`on_bad_frame`: called with the error for a frame too large to read, which is
         then skipped (the stream stays in step); without it, read() raises."""

@@ -23,7 +23,7 @@ import torch
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader, replies, weights_digest
+from hotreload.worker import loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -439,7 +439,7 @@ class Worker:
         # A WorkerOp hashes and compares as its string: a header's plain `op` finds its route.
         routes: dict[WorkerOp, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
             WorkerOp.INFER: (serve_q, self.op_infer),
-            WorkerOp.LOAD: (self.load_q, self.op_load),
+            WorkerOp.LOAD: (self.load_q, oom.while_building(self.op_load)),
             WorkerOp.SMOKE: (self.load_q, self.op_smoke),
             WorkerOp.SWAP: (control_q, self.op_swap),
             WorkerOp.RELEASE: (control_q, self.op_release),
@@ -454,11 +454,10 @@ class Worker:
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
-        reader = SocketFrameReader(
-            self.sock, self.max_frame, on_bad_frame=replies.answer_bad(self.send)
-        )
+        # A frame too large to read is answered (by its id) and skipped: answer_bad.
+        reader = SocketFrameReader(self.sock, self.max_frame, replies.answer_bad(self.send))
         while self.running:
-            try:  # (a frame too large to read is answered in there: answer_bad)
+            try:
                 frame = reader.read()
             except (ConnectionError, OSError):
                 break
