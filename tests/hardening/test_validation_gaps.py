@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +46,24 @@ def test_a_timeout_must_be_a_finite_number(tmp_path: Path, value: str) -> None:
     config.write_text(text)
     with pytest.raises(ConfigError, match=r"request_timeout_s.*finite number"):
         load_config(config)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (["1"] * 4, "holds strings"),
+        ([None] * 4, "holds nulls"),
+        ([[1.0, 2.0], [3.0]], "nested unevenly"),
+        ([[1.0], [2.0], [3.0], [4.0]], "nests as [4, 1], not as shape [2, 2]"),
+    ],
+)
+def test_http_data_must_be_numbers_flat_or_nested_as_the_shape(data: Any, message: str) -> None:
+    import json
+
+    from hotreload.http.kserve import InferRequestError, parse_infer_request
+
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": data}]}
+    with pytest.raises(InferRequestError, match=re.escape(message)):
+        parse_infer_request(json.dumps(doc).encode(), None)
+    ok = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}
+    assert parse_infer_request(json.dumps(ok).encode(), None).inputs[0].shape == [2, 2]
