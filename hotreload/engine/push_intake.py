@@ -122,6 +122,10 @@ def _check_opened(fd: int, path: str, want: str) -> None:
 async def intake(descriptor: Any, peer_pid: int | None) -> CheckedPush:
     """Check a push and take the session's own reference to its memfd (see the module)."""
     check_descriptor(descriptor, peer_pid)
+    if not descriptor["tensors"]:
+        # An empty push changes nothing, yet was built into a new version (even under
+        # strict, which asks for every tensor of the model).
+        raise _refuse("the pushed state holds no tensor; push the tensors to change")
     state = dict(descriptor)
     if not state.get("path"):
         return CheckedPush(state, None)

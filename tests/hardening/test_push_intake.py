@@ -122,3 +122,10 @@ def test_another_process_sealed_memfd_is_refused(served) -> None:  # type: ignor
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_an_empty_push_is_refused_not_made_a_version(served) -> None:  # type: ignore[no-untyped-def]
+    _, client = served
+    with pytest.raises(BadRequestError, match="holds no tensor"):
+        client.update_weights("mlp", {})
+    assert client.status()["models"][0]["version"] == 1
