@@ -5,11 +5,9 @@
     out, version, model = client.infer("mlp", x)  # x: numpy array, torch tensor, tuple, dict
 
 Outputs come back as numpy arrays (a dict or tuple when the model returns one). No torch
-import here: a client process stays light.
-
-A trainer pushes weights from memory with `update_weights` (through a memfd, or CUDA IPC
-handles for GPU tensors: `protocol/shared_state.py`), and reads from that version on
-with `infer(..., min_version=v)`.
+import here: a client process stays light. A trainer pushes weights from memory with
+`update_weights` (a memfd, or CUDA IPC handles for GPU tensors: `protocol/shared_state.py`),
+and reads from that version on with `infer(..., min_version=v)`.
 """
 
 from __future__ import annotations
@@ -89,17 +87,13 @@ def resolve_socket(
     from hotreload.config import load_locations
     from hotreload.paths import socket_path_for
 
-    # Only where the session lives: a missing or broken entry file must not keep a client
-    # from a live session (which may serve the last good version).
+    # Only where it lives: a missing entry file must not keep a client from a live session.
     where = load_locations(config)
     return socket_path_for(where.path, where.socket_dir)
 
 
 def http_headers(config: str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """The headers a request to the session's HTTP endpoint sends to be allowed the
-    repository routes and tracebacks (`[http] auth = "token"`): its bearer token, read from
-    the config's state folder. Empty when there is no token (auth off, or no session has
-    served HTTP yet). E.g. `tritonclient.http...load_model("m", headers=http_headers())`."""
+    """The bearer header the HTTP repository routes and tracebacks need (empty: no token)."""
     from hotreload.config import load_locations
     from hotreload.paths import read_http_token
 
@@ -342,10 +336,8 @@ class Client:
         self._local = threading.local()
 
     def __del__(self) -> None:
-        # No module globals here: at interpreter exit they may be gone (contextlib was),
-        # and each socket's own finaliser closes it then anyway.
-        socks = self.__dict__.get("_all") or []
-        for sock in socks:
+        # No module globals: at interpreter exit they may be gone (contextlib was).
+        for sock in self.__dict__.get("_all") or []:
             try:
                 sock.close()
             except Exception:
