@@ -188,8 +188,12 @@ async def _drive_reloads(
 ) -> list[Reload]:
     import aiohttp
 
+    from hotreload.client import http_headers
+
     reloads: list[Reload] = []
     version = 1
+    # The session's token (load needs it); none for another server (--server-cmd).
+    auth = http_headers(model_py.parent / "hotreload.toml")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
         k = 0
         while True:
@@ -207,7 +211,7 @@ async def _drive_reloads(
                 reloads.append(Reload(edit_at, time.time(), NO_VERSION))
                 continue
             if trigger == "api":
-                async with http.post(url + "/v2/repository/models/mlp/load") as r:
+                async with http.post(url + "/v2/repository/models/mlp/load", headers=auth) as r:
                     doc = await r.json()
                 done_at = time.time()
                 if r.status != 200:

@@ -5,11 +5,9 @@
     out, version, model = client.infer("mlp", x)  # x: numpy array, torch tensor, tuple, dict
 
 Outputs come back as numpy arrays (a dict or tuple when the model returns one). No torch
-import here: a client process stays light.
-
-A trainer pushes weights from memory with `update_weights` (through a memfd, or CUDA IPC
-handles for GPU tensors: `protocol/shared_state.py`), and reads from that version on
-with `infer(..., min_version=v)`.
+import here: a client process stays light. A trainer pushes weights from memory with
+`update_weights` (a memfd, or CUDA IPC handles for GPU tensors: `protocol/shared_state.py`),
+and reads from that version on with `infer(..., min_version=v)`.
 """
 
 from __future__ import annotations
@@ -86,11 +84,21 @@ def resolve_socket(
 ) -> Path:
     if socket_path is not None:
         return Path(socket_path)
-    from hotreload.config import load_config
+    from hotreload.config import load_locations
     from hotreload.paths import socket_path_for
 
-    cfg = load_config(config)
-    return socket_path_for(cfg.path, cfg.socket_dir)
+    # Only where it lives: a missing entry file must not keep a client from a live session.
+    where = load_locations(config)
+    return socket_path_for(where.path, where.socket_dir)
+
+
+def http_headers(config: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The bearer header the HTTP repository routes and tracebacks need (empty: no token)."""
+    from hotreload.config import load_locations
+    from hotreload.paths import read_http_token
+
+    token = read_http_token(load_locations(config).state_dir)
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def build_infer_header(
@@ -328,8 +336,12 @@ class Client:
         self._local = threading.local()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+        # No module globals: at interpreter exit they may be gone (contextlib was).
+        for sock in self.__dict__.get("_all") or []:
+            try:
+                sock.close()
+            except Exception:
+                pass
 
     def __enter__(self) -> Client:
         return self

@@ -47,9 +47,13 @@ def default_socket_dir() -> Path:
 
 def ensure_private_dir(path: Path, fix: str = "set socket_dir in the config") -> Path:
     """Create `path` with mode 0700, or check an existing one belongs to us and is private.
-    `fix` says what to do when it belongs to someone else."""
+    `fix` says what to do when it belongs to someone else. An existing folder is never
+    chmodded: a config naming a shared one (the system temp folder, 1777) must not make
+    it private for everyone else, so one that is not private is refused, with the fix."""
+    created = False
     try:
         path.mkdir(mode=0o700, parents=True)
+        created = True
     except FileExistsError:
         pass  # checked below, a link (even a dangling one) included
     st = path.lstat()
@@ -60,9 +64,36 @@ def ensure_private_dir(path: Path, fix: str = "set socket_dir in the config") ->
         )
     if st.st_uid != os.getuid():
         raise HotreloadError(f"{path} belongs to uid {st.st_uid}, not you; {fix}")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700)
+    mode = stat.S_IMODE(st.st_mode)
+    if created:
+        os.chmod(path, 0o700)  # mkdir's mode passed through the umask
+    elif mode & (stat.S_IWOTH | stat.S_ISVTX):
+        raise HotreloadError(
+            f"{path} is shared (mode {mode:04o}: other users may write there), so hotreload "
+            f"keeps no private state in it and leaves its mode alone; name a folder of its "
+            f"own (e.g. {path / 'hotreload'}) instead: {fix}"
+        )
+    elif mode & 0o077 and _hotreloads_own(path):
+        os.chmod(path, 0o700)  # as an older hotreload left it: made private, as it is now
+    elif mode & 0o077:
+        raise HotreloadError(
+            f"{path} is readable by other users (mode {mode:04o}); hotreload keeps tracebacks, "
+            f"sockets and tokens there: `chmod 700 {path}`, or {fix}"
+        )
     return path
+
+
+_MARKER = "# created by hotreload"
+
+
+def _hotreloads_own(path: Path) -> bool:
+    """A folder hotreload made (by its name, or the `.gitignore` it writes there)."""
+    if path.name.startswith((".hotreload", "hotreload")):
+        return True
+    try:
+        return (path / ".gitignore").read_text(encoding="utf-8").startswith(_MARKER)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def socket_path_for(config_path: Path, socket_dir: Path | None = None) -> Path:
@@ -86,9 +117,7 @@ def ensure_state_dir(path: Path) -> Path:
     marker = path / ".gitignore"
     if not marker.exists():
         try:
-            write_private_file(
-                marker, "# created by hotreload: nothing here belongs in version control\n*\n"
-            )
+            write_private_file(marker, f"{_MARKER}: nothing here belongs in version control\n*\n")
         except (OSError, HotreloadError):
             pass
     return path
@@ -127,3 +156,36 @@ def snapshot_root(config_path: Path) -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     digest = hashlib.sha256(str(config_path.resolve()).encode()).hexdigest()[:16]
     return Path(cache) / "hotreload" / "snapshots" / digest
+
+
+#: The HTTP endpoint's bearer token, in the private state folder (`[http] auth = "token"`).
+HTTP_TOKEN_FILE = "http_token"
+
+
+def http_token_path(state_dir: Path) -> Path:
+    return state_dir / HTTP_TOKEN_FILE
+
+
+def read_http_token(state_dir: Path) -> str | None:
+    """The session's HTTP token, or None when there is none (or it is not ours alone)."""
+    path = http_token_path(state_dir)
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None
+        return path.read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def ensure_http_token(state_dir: Path) -> str:
+    """The token, made once (0600, 256 random bits) and kept across sessions, so scripts
+    that read it keep working after a restart."""
+    import secrets
+
+    token = read_http_token(state_dir)
+    if token is None:
+        ensure_state_dir(state_dir)
+        token = secrets.token_urlsafe(32)
+        write_private_file(http_token_path(state_dir), token + "\n")
+    return token

@@ -96,8 +96,20 @@ class WatchSession:
             raise  # `cpus` this machine cannot honour: no save fixes that, the config does
         except Exception as exc:  # spawning failed (EMFILE, ENOMEM), or a bug of ours
             self.start_error = {"phase": "start", "error": repr(exc)}
+            self._refuse_unstarted(exc)
         await self.watcher.start()
         self.start_state = "started" if self.start_error is None else "failed"
+
+    def _refuse_unstarted(self, exc: Exception) -> None:
+        """Say why a model that never came up does not start, and answer its requests at
+        once with that (not after 30 s "in the queue")."""
+        for host in self.session.models.values():
+            if host.worker is not None and host.worker.alive:
+                continue
+            self.session.events.emit(
+                "start_failed", model=host.name, phase="start", error=repr(exc), traceback=None
+            )
+            host.router.refuse_until_reload(f"failed to start ({exc!r})")
 
     def _pids_on(self, index: int) -> list[int]:
         return [

@@ -7,6 +7,7 @@ what was expected, and an unknown key gets the closest known one suggested.
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ class Checker:
         self, name: str, default: float | None, *, minimum: float, what: str = "a number"
     ) -> float | None:
         value = self.get(name, (int, float), default, what)
+        if value is not None and not math.isfinite(value):
+            # nan compares false with everything (it disabled timeouts), inf never fires.
+            self.fail(self.sub(name), f"expected {what} (a finite number), got {value}")
         if value is not None and value < minimum:
             self.fail(self.sub(name), f"expected {what} >= {minimum}, got {value}")
         return None if value is None else float(value)

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from hotreload.config.checker import Checker
 
+#: `[http] auth` values.
+AUTH_MODES = ("token", "none")
+
 
 @dataclass(frozen=True)
 class HttpConfig:
@@ -22,6 +25,10 @@ class HttpConfig:
     keepalive_timeout_s: float = 75.0
     #: Largest body after gzip/deflate inflation, in MiB (None: max_frame_mib).
     max_inflated_mib: int | None = None
+    #: "token": load, unload, the repository index and tracebacks need the bearer token in
+    #: the state folder's `http_token` (any local user can reach a port); "none": open to
+    #: every local user, as Triton is.
+    auth: str = "token"
 
 
 def parse_http(top: Checker) -> HttpConfig:
@@ -41,6 +48,7 @@ def parse_http(top: Checker) -> HttpConfig:
         max_inflated_mib=h.integer("max_inflated_mib", 0, minimum=1, maximum=4096)
         if "max_inflated_mib" in h.table
         else None,
+        auth=h.choice("auth", "token", AUTH_MODES),
     )
 
 

@@ -93,6 +93,13 @@ def _warn_if_shadowed(path: Path) -> Path:
 def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Config:
     """Find, parse and validate the config. Raises ConfigError with a precise message."""
     path = find_config(explicit, cwd).resolve()
+    raw, prefix = read_table(path)
+    return parse_config(raw, path=path, prefix=prefix)
+
+
+def read_table(path: Path) -> tuple[Mapping[str, Any], str]:
+    """The hotreload table of a config file, and its key prefix (`tool.hotreload.` in a
+    pyproject.toml); ConfigError for a file that is not TOML or has no such table."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
@@ -108,7 +115,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
             )
         raw = tool["hotreload"]
         prefix = "tool.hotreload."
-    return parse_config(raw, path=path, prefix=prefix)
+    return raw, prefix
 
 
 #: `ray` is read by `hotreload export ray` alone (hotreload/export/ray_options.py).
@@ -144,22 +151,52 @@ def parse_config(raw: Mapping[str, Any], *, path: Path, prefix: str = "") -> Con
         seen.add(model.name)
         models.append(model)
 
-    state_dir = Path(top.get("state_dir", str, ".hotreload", "a folder path"))
-    socket_dir = top.get("socket_dir", str, None, "a folder path")
+    state_dir, socket_dir = folders(top, root)
     max_frame_mib = top.integer("max_frame_mib", 64, minimum=1, maximum=4096)
 
     return Config(
         path=path,
         root=root,
         models=tuple(models),
-        state_dir=state_dir if state_dir.is_absolute() else root / state_dir,
-        socket_dir=Path(socket_dir).expanduser() if socket_dir else None,
+        state_dir=state_dir,
+        socket_dir=socket_dir,
         max_frame_mib=max_frame_mib,
         watch=parse_watch(top),
         gpu=parse_gpu(top),
         check=parse_check(top),
         http=parse_http(top),
     )
+
+
+def folders(top: Checker, root: Path) -> tuple[Path, Path | None]:
+    """`state_dir` (relative to the config's folder) and `socket_dir` (None: the default)."""
+    state_dir = Path(top.get("state_dir", str, ".hotreload", "a folder path"))
+    socket_dir = top.get("socket_dir", str, None, "a folder path")
+    return (
+        state_dir if state_dir.is_absolute() else root / state_dir,
+        Path(socket_dir).expanduser() if socket_dir else None,
+    )
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where a config's session lives: enough to reach it, nothing about its models."""
+
+    path: Path
+    state_dir: Path
+    socket_dir: Path | None
+
+
+def load_locations(
+    explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None
+) -> Locations:
+    """The config's session folders, without validating its models: a client finds a live
+    session by its socket even while the entry file is missing or broken."""
+    path = find_config(explicit, cwd).resolve()
+    raw, prefix = read_table(path)
+    top = Checker(dict(raw), path=path, key=prefix.rstrip("."), known=tuple(raw))
+    state_dir, socket_dir = folders(top, path.parent)
+    return Locations(path, state_dir, socket_dir)
 
 
 ConfigLoader = Callable[[], Config]

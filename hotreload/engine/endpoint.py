@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,13 @@ FastHandler = Callable[[dict[str, Any], memoryview | bytes, Reply], None]
 Handler = Callable[
     [dict[str, Any], memoryview | bytes], Awaitable[tuple[dict[str, Any], list[Any]]]
 ]
+#: A handler that also gets the sending process's pid (SO_PEERCRED; None when unknown):
+#: a push names memory of the sender's, which the session checks is the sender's own.
+PeerHandler = Callable[
+    [dict[str, Any], memoryview | bytes, int | None],
+    Awaitable[tuple[dict[str, Any], list[Any]]],
+]
+_UCRED = struct.Struct("3i")
 #: Pushes one frame header to a subscriber; False once the subscriber is gone.
 Push = Callable[[dict[str, Any]], bool]
 #: A subscription (the dashboard's event stream): handler(header, push) starts pushing
@@ -65,9 +73,11 @@ class Endpoint:
         max_frame_bytes: int,
         fast_handlers: dict[str, FastHandler] | None = None,
         stream_handlers: dict[str, StreamHandler] | None = None,
+        peer_handlers: dict[str, PeerHandler] | None = None,
     ) -> None:
         self.path = path
         self.handlers = handlers
+        self.peer_handlers = peer_handlers or {}
         self.fast_handlers = fast_handlers or {}
         self.stream_handlers = stream_handlers or {}
         self.max_frame_bytes = max_frame_bytes
@@ -202,12 +212,15 @@ class Endpoint:
         rid = frame.header.get("id")
         op = frame.header["op"]
         handler = self.handlers.get(op)
+        peer_handler = self.peer_handlers.get(op)
         try:
-            if handler is None:
-                raise BadRequestError(
-                    f"unknown op {op!r}; expected one of {', '.join(sorted(self.handlers))}"
-                )
-            header, blobs = await handler(frame.header, frame.payload)
+            if peer_handler is not None:
+                header, blobs = await peer_handler(frame.header, frame.payload, peer_pid(conn))
+            elif handler is None:
+                known = sorted({*self.handlers, *self.peer_handlers})
+                raise BadRequestError(f"unknown op {op!r}; expected one of {', '.join(known)}")
+            else:
+                header, blobs = await handler(frame.header, frame.payload)
             header["id"] = rid
             pieces = pack_frame(header, blobs)
         except Exception as exc:
@@ -215,6 +228,20 @@ class Endpoint:
         if conn.write(pieces):
             with contextlib.suppress(ConnectionError):
                 await conn.drain()
+
+
+def peer_pid(conn: FrameProtocol) -> int | None:
+    """The pid of the process at the other end of a Unix socket connection (None: unknown)."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is None:
+        return None
+    try:
+        pid, _uid, _gid = _UCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        )
+    except (OSError, struct.error):
+        return None
+    return pid or None
 
 
 def _socket_answers(path: Path) -> bool:

@@ -18,7 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotreload.engine.signature import check_inputs, check_parameters
+from hotreload.engine.request_limits import (
+    MAX_PARKED_BYTES,
+    ParkedRequests,
+    request_bytes,
+    request_problem,
+)
 from hotreload.engine.stats import LatencyWindow, RequestCounters
 from hotreload.engine.text_stats import TextStats
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess
@@ -31,7 +36,6 @@ from hotreload.errors import (
     WorkerUnavailableError,
 )
 from hotreload.protocol.framing import Frame
-from hotreload.protocol.tensors import validate_metas
 
 #: A request whose worker died is sent once more to the restarted worker, then failed.
 MAX_ATTEMPTS = 2
@@ -40,8 +44,6 @@ MAX_ATTEMPTS = 2
 #: processes on one core stalled the old one's last requests for 300 ms at times), and a
 #: hung old forward delays the new version by this much, not by the drain deadline.
 HANDOVER_HOLD_S = 0.1
-
-
 #: Called exactly once per request with (reply frame, None) or (None, the error).
 Done = Callable[[Frame | None, BaseException | None], None]
 
@@ -64,6 +66,9 @@ class Request:
     min_version: int = 0
     #: A `text` op's request (completions, tokenizer), sent instead of a forward.
     text: dict[str, Any] | None = None
+    #: The worker it was last sent to, and its place in that worker's line (send order).
+    sent_to: WorkerProcess | None = None
+    seq: int = 0
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -88,6 +93,8 @@ class ModelRouter:
     queue_latency: LatencyWindow = field(default_factory=LatencyWindow)
     #: Tokens per second and time to first token of completions (a text generator's).
     text_stats: TextStats = field(default_factory=TextStats)
+    #: What requests parked for a version may hold in all (`request_limits`).
+    max_parked_bytes: int = MAX_PARKED_BYTES
 
     def __post_init__(self) -> None:
         self._queue: deque[Request] = deque()
@@ -108,8 +115,11 @@ class ModelRouter:
         #: The version serving now (set by the supervisor).
         self.version = 0
         #: Requests asking for a version not serving yet (`min_version`), oldest first.
-        self._parked: list[Request] = []
+        self._parked = ParkedRequests(self.max_parked_bytes)
         self._version_waiters: list[tuple[int, asyncio.Future[int]]] = []
+        self._sent = 0
+        #: Workers whose death was put down to one request already (the oldest it held).
+        self._blamed: deque[WorkerProcess] = deque(maxlen=8)
 
     # ------------------------------------------------------------------ figures
 
@@ -182,22 +192,14 @@ class ModelRouter:
         a reply is written to the client in the loop turn it arrives in.
         """
         text = header.get("text") if header.get("op") == WorkerOp.TEXT else None
-        try:
-            metas = [] if text else validate_metas(header.get("tensors"), len(payload), payload)
-        except Exception as exc:  # ProtocolError: say what was wrong, keep serving
-            self.counters.bad_request += 1
-            done(None, BadRequestError(f"model {self.name!r}: {exc}"))
-            return
-        parameters = header.get("parameters")
-        # A text request carries no tensors: the worker checks it (http/openai_routes.py
-        # checked its fields), so it shares the queue, gate and timeouts of a forward.
-        problem = None if text else check_parameters(parameters) or check_inputs(
-            header.get("form"), metas, self.input_form, self.input_signature
+        metas, problem = request_problem(
+            header, payload, text, self.input_form, self.input_signature
         )
         if problem:
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {problem}"))
             return
+        parameters = header.get("parameters")
         if self.unavailable_reason is not None:
             self.counters.fail("unavailable")
             done(None, WorkerUnavailableError(self.unavailable_reason))
@@ -226,8 +228,23 @@ class ModelRouter:
         if isinstance(min_version, int) and min_version > self.version:
             # A trainer asking for the answer of its own push: it waits for that version
             # (to its timeout) instead of being answered by the one before.
+            why = self._parked.refusal(
+                request_bytes(payload, parameters),
+                len(self._queue) + len(self._parked),
+                self.max_queue_size,
+            )
+            if why is not None:
+                self.counters.rejected += 1
+                req.finish(
+                    None,
+                    QueueFullError(
+                        f"model {self.name!r}: Exceeds maximum queue size: {why}; retry once "
+                        f"v{min_version} serves (wait_version), or raise max_queue_size"
+                    ),
+                )
+                return
             req.min_version = min_version
-            self._parked.append(req)
+            self._parked.add(min_version, request_bytes(payload, parameters), req)
             return
         self._queue.append(req)
         self._peak_depth = max(self._peak_depth, len(self._queue))
@@ -277,6 +294,8 @@ class ModelRouter:
             req = self._queue.popleft()
             req.attempts += 1
             req.sent_at = now
+            self._sent += 1
+            req.sent_to, req.seq = worker, self._sent
             if req.attempts == 1:
                 self.queue_latency.add((now - req.enqueued_at) * 1000, now)
             self._inflight.add(req)
@@ -332,8 +351,33 @@ class ModelRouter:
                     req.finish(None, ModelError(message, err.get("traceback")))
         self.pump()
 
+    def _computing_when_died(self, req: Request) -> bool:
+        """Was `req` the request its worker was computing when it died (the oldest it
+        held: one serving thread computes in send order)? It may be what killed it (a
+        crash, a hung forward): sent again it killed the new worker too, and 25 innocent
+        requests behind it timed out. The oldest is blamed once per worker."""
+        worker = req.sent_to
+        if worker is None or any(w is worker for w in self._blamed):
+            return False
+        held = (r for r in (*self._inflight, *self._draining) if r.sent_to is worker)
+        if any(r.seq < req.seq for r in held):
+            return False
+        self._blamed.append(worker)
+        return True
+
     def _on_worker_failure(self, req: Request, exc: BaseException) -> None:
         if req.finished:
+            return
+        if isinstance(exc, WorkerDied) and self._computing_when_died(req):
+            self.counters.fail("unavailable")
+            req.finish(
+                None,
+                WorkerUnavailableError(
+                    f"model {self.name!r}: the worker died while computing this request "
+                    f"({exc}); it is not sent again, since it may be what killed the worker. "
+                    "The requests behind it are retried on the restarted worker"
+                ),
+            )
             return
         if isinstance(exc, WorkerDied) and req.attempts < MAX_ATTEMPTS and not req.expired:
             # Retry once on the restarted worker, ahead of newer requests.
@@ -358,8 +402,7 @@ class ModelRouter:
         for n, fut in self._version_waiters:
             if n <= version and not fut.done():
                 fut.set_result(version)
-        ready = [r for r in self._parked if r.min_version <= version]
-        self._parked = [r for r in self._parked if r.min_version > version]
+        ready = self._parked.take_ready(version)
         self._queue.extend(r for r in ready if not r.finished)
         self.pump()
 
@@ -426,8 +469,7 @@ class ModelRouter:
     def fail_queued(self, error: ClientError) -> int:
         """Fail every queued request (shutdown, or a model that cannot be brought back)."""
         n = 0
-        parked, self._parked = self._parked, []
-        self._queue.extend(parked)
+        self._queue.extend(self._parked.take_all())
         while self._queue:
             req = self._queue.popleft()
             if not req.finished:

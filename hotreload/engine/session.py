@@ -29,6 +29,7 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor, ReloadOutcome
+from hotreload.engine.push_intake import intake
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.engine.worker_proc import WorkerOp
@@ -99,11 +100,11 @@ class Session:
                 "status": self._op_status,
                 "ping": self._op_ping,
                 "reload": self._op_reload,
-                "update_weights": self._op_update_weights,
                 "wait_version": self._op_wait_version,
             },
             config.max_frame_bytes,
             fast_handlers={"infer": self._op_infer},
+            peer_handlers={"update_weights": self._op_update_weights},
         )
         self.started_at = time.time()
         #: Who runs on which CPUs (made at open); the affinity to restore at stop.
@@ -259,14 +260,24 @@ class Session:
         return self.state_dir / "session.json"
 
     def _write_session_file(self) -> None:
-        ensure_state_dir(self.state_dir)
+        """session.json, for `hotreload status` and the dashboard. A full (or read-only)
+        state folder is said once and the session serves anyway, as a full disk
+        mid-session is: the socket, not this file, is how clients find it."""
         data = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),
             "config": str(self.config.path),
             "started_at": self.started_at,
         }
-        write_private_file(self._session_file(), json.dumps(data, indent=2) + "\n")
+        try:
+            ensure_state_dir(self.state_dir)
+            write_private_file(self._session_file(), json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            self.events.emit(
+                "events_file_error",
+                message=f"the state folder {self.state_dir} cannot be written "
+                f"({exc.strerror or exc}); the session runs on without session.json",
+            )
 
     def _remove_session_file(self) -> None:
         try:
@@ -376,14 +387,20 @@ class Session:
         return {"ok": True, "outcomes": [o.as_dict() for o in outcomes]}, []
 
     async def _op_update_weights(
-        self, header: dict[str, Any], payload: memoryview | bytes
+        self, header: dict[str, Any], payload: memoryview | bytes, peer_pid: int | None
     ) -> tuple[dict[str, Any], list[Any]]:
-        """A trainer's push (`Client.update_weights`): the next version, with its digest."""
+        """A trainer's push (`Client.update_weights`): the next version, with its digest.
+        The descriptor and its memfd are checked here, off the event loop's blocking
+        calls (engine/push_intake.py), before the model's push path sees them."""
         sup = self.model(header.get("model"))
         state = header.get("state")
         if state is None:
             raise BadRequestError("update_weights needs 'state': the pushed state's descriptor")
-        result = await sup.push(state, strict=bool(header.get("strict", True)))
+        checked = await intake(state, peer_pid)
+        try:
+            result = await sup.push(checked.descriptor, strict=bool(header.get("strict", True)))
+        finally:
+            checked.close_later()
         return {"ok": True, "model": sup.name, **result}, []
 
     async def _op_wait_version(

@@ -117,7 +117,7 @@ def _place(
 ) -> None:
     """Copy (or link) `src` to `dst`, recording its signature in `snap`; reuse the copy in
     `previous` when the file has not changed since and had settled before it was taken."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(dst.parent)
     st = src.stat()
     sig = FileStamp.of_stat(st)
     snap["sources"][src] = sig
@@ -146,6 +146,23 @@ def _place(
             "narrow `watch` or add `ignore` globs"
         )
     shutil.copy2(src, dst)
+    os.chmod(dst, 0o600)  # copy2 copied the source's mode; the copy is the owner's alone
+
+
+def private_dirs(folder: Path) -> None:
+    """Create `folder` and its missing parents 0700: a snapshot holds the owner's code and
+    weights (a hard-linked weights file keeps its own mode, so the folders must hide it)."""
+    missing = []
+    for p in (folder, *folder.parents):
+        if p.is_dir():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        os.chmod(p, 0o700)  # mkdir's mode passes through the umask
 
 
 def take_snapshot(

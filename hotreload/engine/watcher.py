@@ -140,6 +140,10 @@ class FileWatcher:
         #: True once `prime` took the baseline of the files the models are about to load.
         self._primed = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: root -> its watch (to schedule it again after the folder is deleted and back).
+        self._watches: dict[Path, Any] = {}
+        self._gone: set[Path] = set()
+        self._handler: _Handler | None = None
         self.flushes = 0
         #: While paused: the files whose content differs from what is loaded (applied on
         #: resume; the dashboard shows how many).
@@ -224,7 +228,7 @@ class FileWatcher:
         self._loop = asyncio.get_running_loop()
         if not self._primed:
             self._baseline = await asyncio.to_thread(self._take_baseline)
-        handler = _Handler(self._loop, self._on_event)
+        handler = self._handler = _Handler(self._loop, self._on_event)
         roots = [r for r in self.roots() if self._readable(r)]
         if not self.poll:
             try:
@@ -277,7 +281,7 @@ class FileWatcher:
     def _start_observer(self, observer: Any, handler: _Handler, roots: list[Path]) -> Any:
         try:
             for root in roots:
-                observer.schedule(handler, str(root), recursive=True)
+                self._watches[root] = observer.schedule(handler, str(root), recursive=True)
             flat = self._config_folder(roots)
             if flat is not None:
                 observer.schedule(handler, str(flat), recursive=False)
@@ -324,6 +328,8 @@ class FileWatcher:
         if self._loop is None:
             return
         path = Path(text)
+        if path in self._watches and path not in self._gone and not path.is_dir():
+            self._root_gone(path)
         if path != self.config.path and not self.models_for(path):
             return
         if self.paused:
@@ -339,6 +345,48 @@ class FileWatcher:
             self._timer.cancel()
         due = min(now + self.quiet_s, self._first_at + self.max_wait_s)
         self._timer = self._loop.call_at(self._loop.time() + (due - now), self._flush)
+
+    def _root_gone(self, root: Path) -> None:
+        """A watched folder was deleted: its inotify watch went with it, so say so, and
+        watch it again once it is back (an editor's or a git checkout's re-creation).
+        Before, one reload happened and every later edit was ignored without a word."""
+        self._gone.add(root)
+        self.events.emit(
+            "watch_error",
+            error=f"the watched folder {root} was deleted: edits in it are not seen until it "
+            "is back; watching it again once it is re-created",
+        )
+        self._spawn(self._rewatch(root))
+
+    async def _rewatch(self, root: Path, interval_s: float = 0.2) -> None:
+        while self._observer is not None and not root.is_dir():
+            await asyncio.sleep(interval_s)
+        observer = self._observer
+        if observer is None or self._handler is None:
+            return
+        old = self._watches.pop(root, None)
+        if old is not None:
+            try:
+                observer.unschedule(old)
+            except (KeyError, OSError, RuntimeError):
+                pass  # its emitter stopped when the folder went
+        try:
+            self._watches[root] = observer.schedule(self._handler, str(root), recursive=True)
+        except OSError as exc:
+            self.events.emit("watch_error", error=f"cannot watch {root} again ({exc})")
+            return
+        finally:
+            self._gone.discard(root)
+        await asyncio.to_thread(_wait_for_emitters, observer, 5.0)
+        self.events.emit(
+            "watching",
+            paths=[str(root)],
+            files=len(self._baseline),
+            quiet_ms=round(self.quiet_s * 1000),
+            max_wait_ms=round(self.max_wait_s * 1000),
+            mode="polling" if self.poll else "inotify",
+        )
+        await self._dispatch_all()  # what changed while it was gone (or came back changed)
 
     def _flush(self) -> None:
         paths, self._pending = self._pending, set()

@@ -207,6 +207,9 @@ def _json_data(data: Any, name: str, dtype: str, shape: list[int]) -> bytes:
                 f"input {name!r}: BYTES 'data' must hold {want} string(s) for shape {shape}"
             )
         return encode_strings(items)[1]
+    problem = _numbers_problem(data, dtype, shape)
+    if problem:
+        raise InferRequestError(f"input {name!r}: {problem}")
     try:
         # A number past the dtype's range (3.5e38 for FP32) is the client's mistake: say so,
         # rather than serve an inf (numpy only warns on an overflowing cast).
@@ -225,6 +228,29 @@ def _json_data(data: Any, name: str, dtype: str, shape: list[int]) -> bytes:
             f"input {name!r}: 'data' has {arr.size} element(s) but shape {shape} needs {want}"
         )
     return arr.tobytes()
+
+
+def _numbers_problem(data: Any, dtype: str, shape: list[int]) -> str | None:
+    """Why `data` is not numbers laid out flat or nested as `shape` (None: it is). numpy
+    alone took "1" as 1.0 and None as NaN, and any nesting with the right count."""
+    try:
+        items = np.asarray(data, dtype=object)
+    except ValueError:
+        return f"'data' is nested unevenly; send it flat or nested as shape {shape}"
+    if items.ndim > 1 and list(items.shape) != list(shape):
+        return f"'data' nests as {list(items.shape)}, not as shape {shape}; send it flat or so"
+    allowed: tuple[type, ...] = (bool, int) if dtype == "bool" else (int, float)
+    kinds = {type(v) for v in items.reshape(-1).tolist()}
+    if list in kinds:  # numpy keeps the rows of ragged lists as objects
+        return f"'data' is nested unevenly; send it flat or nested as shape {shape}"
+    wrong = sorted(
+        k.__name__ for k in kinds if not issubclass(k, allowed) or (k is bool and dtype != "bool")
+    )
+    if wrong:
+        shown = {"str": "strings", "NoneType": "nulls", "list": "lists", "dict": "objects"}
+        what = ", ".join(shown.get(w, w) for w in wrong)
+        return f"'data' does not hold {dtype} values: it holds {what} (JSON numbers only)"
+    return None
 
 
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:

@@ -29,7 +29,9 @@ from hotreload import __version__
 from hotreload.engine.event_kinds import HttpStarted, SessionStopping
 from hotreload.engine.events import typed
 from hotreload.errors import ClientError, HotreloadError
+from hotreload.http.auth import token_middleware, without_details
 from hotreload.http.body import BodyError, BodyLimits, read_body
+from hotreload.http.edges import answer_parse_errors_in_json, http_exception_response
 from hotreload.http.kserve import (
     HEADER_LENGTH,
     InferRequestError,
@@ -41,6 +43,7 @@ from hotreload.http.kserve import (
 from hotreload.http.metrics import SessionMetrics, model_ready
 from hotreload.http.openai_routes import TextRoutes
 from hotreload.http.replies import HttpError, client_error, json_response
+from hotreload.paths import ensure_http_token, http_token_path
 
 if TYPE_CHECKING:
     from hotreload.engine.model import ModelSupervisor
@@ -63,19 +66,16 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except HttpError as exc:
-        resp = json_response({"error": exc.message, **exc.extra}, exc.status)
+        resp = json_response(
+            {"error": exc.message, **without_details(request, exc.extra)}, exc.status
+        )
         if exc.close:
             resp.force_close()
         return resp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        text = exc.text or exc.reason
-        if exc.status == 404:
-            text = f"no such endpoint: {request.method} {request.path}"
-        elif exc.status == 405:
-            text = f"{request.method} is not allowed on {request.path}"
-        return json_response({"error": text}, exc.status)
+        return http_exception_response(request, exc)
     except Exception as exc:  # a bug: say so, keep serving
         log.exception("HTTP %s %s failed", request.method, request.path)
         message = (
@@ -89,9 +89,16 @@ class KServeApp:
     """Request handlers over one session."""
 
     def __init__(
-        self, session: Session, metrics: SessionMetrics, max_body_bytes: int, limits: BodyLimits
+        self,
+        session: Session,
+        metrics: SessionMetrics,
+        max_body_bytes: int,
+        limits: BodyLimits,
+        token: str | None = None,
     ) -> None:
         self.session = session
+        #: The bearer token the repository routes and tracebacks need (None: open).
+        self.token = token
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.limits = limits
@@ -107,7 +114,9 @@ class KServeApp:
 
     def build(self) -> web.Application:
         # aiohttp refuses bodies over client_max_size with 413 (turned into JSON above).
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_errors_as_json])
+        token_file = str(http_token_path(self.session.config.state_dir))
+        middlewares = [_errors_as_json, token_middleware(self.token, token_file)]
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=middlewares)
         get, post = web.get, web.post
         model = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
@@ -116,6 +125,7 @@ class KServeApp:
                 get("/v2/health/live", self.live),
                 get("/v2/health/ready", self.ready),
                 get("/v2", self.server_metadata),
+                get("/v2/", self.server_metadata),  # the spec's own spelling
                 get(model, self.model_metadata),
                 get(version, self.model_metadata),
                 get(model + "/ready", self.model_ready),
@@ -292,7 +302,8 @@ class KServeApp:
         only when it has succeeded or failed, with the error in the body on failure."""
         host = self._host(request)
         doc = await self._json_body(request)
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters")
+        params = {} if params is None else params  # [] is no object: refused below
         if not isinstance(params, dict):
             raise HttpError(400, "'parameters' must be a JSON object, e.g. {}")
         if any(k == "config" or k.startswith("file:") for k in params):
@@ -379,6 +390,7 @@ class HttpEndpoint:
             auto_decompress=False,
         )
         await runner.setup()
+        answer_parse_errors_in_json(runner)
         self._runners.append(runner)
         site = web.TCPSite(runner, self.host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         try:
@@ -424,7 +436,8 @@ async def start_http(
         timeout_s=config.http.body_timeout_s,
         max_inflated_bytes=(config.http.max_inflated_mib or config.max_frame_mib) * 2**20,
     )
-    kapp = KServeApp(session, SessionMetrics(session), config.max_frame_bytes, limits)
+    token = ensure_http_token(config.state_dir) if config.http.auth == "token" else None
+    kapp = KServeApp(session, SessionMetrics(session), config.max_frame_bytes, limits, token)
     endpoint = HttpEndpoint(kapp, host, config.http.keepalive_timeout_s)
     endpoint.port = await endpoint.listen(kapp.build(), port)
     if metrics_port is not None:

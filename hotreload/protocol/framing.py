@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,16 @@ _U32 = struct.Struct(">I")
 _TWO_U32 = struct.Struct(">II")
 #: Header JSON above this size is refused even inside a large frame: headers are small.
 MAX_HEADER_BYTES = 1024 * 1024
+
+
+#: The id at the end of a header `pack_frame` wrote for the worker (the id goes in last).
+_TAIL_ID = re.compile(rb'"id":(-?[0-9]{1,18})}\s*$')
+
+
+def header_bytes(header: dict[str, Any]) -> int:
+    """The size of `header` as `pack_frame` encodes it (ASCII-escaped: a non-ASCII text
+    grows up to 6 times over its UTF-8)."""
+    return len(json.dumps(header, separators=(",", ":")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +59,16 @@ def unpack_body(body: bytes | bytearray | memoryview) -> Frame:
         raise ProtocolError(f"frame body of {len(body)} bytes is shorter than its 4-byte header")
     (head_len,) = _U32.unpack_from(body, 0)
     if head_len > len(body) - 4 or head_len > MAX_HEADER_BYTES:
-        raise ProtocolError(
+        exc = ProtocolError(
             f"header length {head_len} does not fit in a frame body of {len(body)} bytes"
+            + (f" (at most {MAX_HEADER_BYTES} bytes)" if head_len > MAX_HEADER_BYTES else "")
         )
+        if head_len <= len(body) - 4:
+            # A whole frame, only too large: the reader can answer it by its id and go on.
+            tail = bytes(body[max(4, 4 + head_len - 40) : 4 + head_len])
+            m = _TAIL_ID.search(tail)
+            exc.request_id = int(m.group(1)) if m else None  # type: ignore[attr-defined]
+        raise exc
     try:
         header = json.loads(bytes(body[4 : 4 + head_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -149,8 +167,17 @@ class SocketFrameReader:
     PAYLOAD_ALIGN boundary whatever the header's length: one input, one answer. The part
     of a large frame not yet buffered is received straight into it (one copy, not two)."""
 
-    def __init__(self, sock: socket.socket, max_bytes: int, chunk: int = 256 * 1024) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        max_bytes: int,
+        on_bad_frame: Callable[[ProtocolError], None] | None = None,
+        chunk: int = 256 * 1024,
+    ) -> None:
+        """`on_bad_frame`: called with the error for a frame too large to read, which is
+        then skipped (the stream stays in step); without it, read() raises."""
         self.sock = sock
+        self.on_bad_frame = on_bad_frame
         self.max_bytes = max_bytes
         self.chunk = chunk
         self._buf = bytearray()
@@ -167,10 +194,37 @@ class SocketFrameReader:
                 raise ConnectionError("connection closed")
             self._buf += data
 
+    def _discard(self, n: int) -> None:
+        have = min(len(self._buf) - self._pos, n)
+        self._pos += have
+        n -= have
+        while n > 0:
+            data = self.sock.recv(min(n, 1 << 20))
+            if not data:
+                raise ConnectionError("connection closed")
+            n -= len(data)
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+
     def read(self) -> Frame:
+        """The next frame. A frame too large to read goes to `on_bad_frame` (the reader
+        stays in step and reads on), or raises ProtocolError without one."""
+        while True:
+            try:
+                return self._read_one()
+            except ProtocolError as exc:
+                if self.on_bad_frame is None:
+                    raise
+                self.on_bad_frame(exc)
+
+    def _read_one(self) -> Frame:
         # A frame is at least 8 bytes: its length, then the header length inside the body.
         self._fill(8)
         length, head_len = _TWO_U32.unpack_from(self._buf, self._pos)
+        if length > self.max_bytes:
+            # Skip the whole frame, so the stream stays in step and the reader goes on.
+            self._discard(4 + length)
         _check_length(length, self.max_bytes)
         start = self._pos + 4
         body = aligned_buffer(length, min(4 + head_len, length))

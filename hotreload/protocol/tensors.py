@@ -133,7 +133,8 @@ def validate_metas(
             total += nbytes
             continue
         expected = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
-        if nbytes != expected:
+        # An integer, not merely equal: 256.0 == 256, and a float reached the worker.
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes != expected:
             raise ProtocolError(
                 f"tensor {name!r}: nbytes {nbytes!r} does not match dtype {dtype} and shape "
                 f"{shape} ({expected} bytes)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from hotreload.worker.loader import LoadError
@@ -51,3 +52,13 @@ def message_of(exc: BaseException) -> str:
 def error_header(rid: Any, code: str, message: str, **extra: Any) -> dict[str, Any]:
     """A failed reply's header: `{"id", "ok": false, "error": {code, message, ...}}`."""
     return {"id": rid, "ok": False, "error": {"code": code, "message": message, **extra}}
+
+
+def answer_bad(send: Callable[[dict[str, Any]], None]) -> Callable[[Exception], None]:
+    """What the worker's reader does with a frame it cannot read (too large): answer it, by
+    its id where it has one, and read on. A worker never dies for one frame."""
+
+    def answer(exc: Exception) -> None:
+        send(error_header(getattr(exc, "request_id", None), "bad_request", str(exc)))
+
+    return answer

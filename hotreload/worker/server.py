@@ -25,7 +25,7 @@ from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, sen
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader, weights_digest
+from hotreload.worker import loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -231,8 +231,7 @@ class Worker:
             busy = time.monotonic  # busy for the whole of every step
         return Pacer(float(self.spec.get("build_pace") or 0.0), busy)
 
-    def _serving_busy_seconds(self) -> float:
-        """Total time the serving thread has spent on requests, the one running included."""
+    def _serving_busy_seconds(self) -> float:  # on requests, the one running included
         since = self.busy_since
         return self.busy_total + (time.monotonic() - since if since is not None else 0.0)
 
@@ -432,7 +431,7 @@ class Worker:
         routes: dict[WorkerOp, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
             WorkerOp.INFER: (serve_q, self.op_infer),
             WorkerOp.TEXT: (serve_q, lambda f: op_text(self, f)),  # completions, tokenizer
-            WorkerOp.LOAD: (self.load_q, self.op_load),
+            WorkerOp.LOAD: (self.load_q, oom.while_building(self.op_load)),
             WorkerOp.SMOKE: (self.load_q, self.op_smoke),
             WorkerOp.SWAP: (control_q, self.op_swap),
             WorkerOp.RELEASE: (control_q, self.op_release),
@@ -447,7 +446,8 @@ class Worker:
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
-        reader = SocketFrameReader(self.sock, self.max_frame)
+        # A frame too large to read is answered (by its id) and skipped: answer_bad.
+        reader = SocketFrameReader(self.sock, self.max_frame, replies.answer_bad(self.send))
         while self.running:
             try:
                 frame = reader.read()

@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from hotreload import Client
+from hotreload.client import http_headers
 from tests.http.support_http import (
     chunked_post,
     error_of,
@@ -234,7 +235,13 @@ def test_queue_full_timeout_and_model_error_status(tmp_path: Path, http_serve) -
 
     status, body = send(-1000)
     assert status == 500 and "refusing -1000 on purpose" in error_of(body)
-    assert "slow.py" in json.loads(body)["traceback"]
+    # The traceback shows the owner's code: only to a request with the session's token.
+    assert "traceback" not in json.loads(body)
+    config = tmp_path / "proj" / "hotreload.toml"
+    status, _, body = request(
+        url, infer, json_infer([-1000, 0, 0, 0], [1, 4]), http_headers(config)
+    )
+    assert status == 500 and "slow.py" in json.loads(body)["traceback"]
 
     # Triton's `timeout` parameter is in microseconds: 0.3 s here, for a 2 s forward (which
     # would answer 200 if the timeout were ignored).

@@ -33,7 +33,7 @@ def test_binary_and_json_inputs_become_router_tensors() -> None:
                 "shape": [2, 3],
                 "parameters": {"binary_data_size": 24},
             },
-            {"name": "a", "datatype": "INT64", "shape": [2], "data": [[7], [8]]},
+            {"name": "a", "datatype": "INT64", "shape": [2], "data": [7, 8]},
         ],
         "parameters": {"binary_data_output": True, "timeout": 250_000},
     }

@@ -10,6 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from hotreload.client import http_headers
 from tests.http.support_http import error_of, request, scrape, value
 
 X = np.random.default_rng(5).standard_normal((2, 64), dtype=np.float32)
@@ -33,13 +34,14 @@ def test_load_model_reloads_and_a_broken_edit_keeps_the_old_version(
     project: Path, http_serve
 ) -> None:
     server = http_serve(project)
+    auth = http_headers(project)  # the session's token: load and unload need it
     client = httpclient.InferenceServerClient(url=server.address, network_timeout=60)
     try:
         before, version = infer(client)
         assert version == "1"
 
         edit(project, "SCALE = 1.0", "SCALE = 2.0")
-        client.load_model("mlp")  # answers once the reload has succeeded
+        client.load_model("mlp", headers=auth)  # answers once the reload has succeeded
         after, version = infer(client)
         assert version == "2"
         np.testing.assert_array_equal(after, before * 2)
@@ -47,7 +49,7 @@ def test_load_model_reloads_and_a_broken_edit_keeps_the_old_version(
 
         edit(project, "SCALE = 2.0", "SCALE = 2.0\nraise RuntimeError('broken on purpose')")
         with pytest.raises(InferenceServerException) as info:
-            client.load_model("mlp")
+            client.load_model("mlp", headers=auth)
         message = info.value.message()
         assert "failed to load 'mlp' in load" in message and "broken on purpose" in message
         assert "version 2 keeps serving" in message and info.value.status() == "500"
@@ -81,29 +83,30 @@ def test_load_model_reloads_and_a_broken_edit_keeps_the_old_version(
 def test_unload_load_and_repository_index(project: Path, http_serve) -> None:
     server = http_serve(project)
     url = server.url
+    auth = http_headers(project)
     client = httpclient.InferenceServerClient(url=server.address, network_timeout=60)
     try:
-        assert client.get_model_repository_index() == [
+        assert client.get_model_repository_index(headers=auth) == [
             {"name": "mlp", "version": "1", "state": "READY"}
         ]
-        client.unload_model("mlp")
+        client.unload_model("mlp", headers=auth)
         assert not client.is_server_ready() and not client.is_model_ready("mlp")
-        (entry,) = client.get_model_repository_index()
+        (entry,) = client.get_model_repository_index(headers=auth)
         assert entry["state"] == "UNAVAILABLE" and "unloaded" in entry["reason"]
         status, _, body = request(url, "/v2/models/mlp/infer", b"{}")
         assert status == 503 and "is unloaded" in error_of(body)
 
-        client.load_model("mlp")  # loads it again
+        client.load_model("mlp", headers=auth)  # loads it again
         assert client.is_server_ready() and client.is_model_ready("mlp")
         out, version = infer(client)
         # Versions only rise within a session: the load after an unload serves v2, not v1.
         assert out.shape == (2, 10) and version == "2"
-        assert client.get_model_repository_index()[0]["version"] == "2"
+        assert client.get_model_repository_index(headers=auth)[0]["version"] == "2"
 
         with pytest.raises(InferenceServerException, match="override is not supported"):
-            client.load_model("mlp", config='{"max_batch_size": 8}')
+            client.load_model("mlp", headers=auth, config='{"max_batch_size": 8}')
         with pytest.raises(InferenceServerException, match="unknown model 'nope'") as info:
-            client.load_model("nope")
+            client.load_model("nope", headers=auth)
         assert info.value.status() == "404"
     finally:
         client.close()

@@ -1,0 +1,70 @@
+"""The HTTP endpoint's answers to requests that never reach a handler.
+
+- A request aiohttp cannot parse (a bad request line, a bad header) gets a JSON 400, as
+  every other error does, and no traceback in the log: aiohttp logs one per request at
+  error level and answers in text, so a fuzzer filled the log and confused clients.
+- aiohttp's own 404/405/413 become JSON, and a 405 keeps the `Allow` header RFC 9110
+  requires of it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+
+
+def _json(doc: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(doc, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def http_exception_response(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's error for a request (404, 405, 413) as JSON, its `Allow` header kept."""
+    text = exc.text or exc.reason
+    headers = {}
+    if exc.status == 404:
+        text = f"no such endpoint: {request.method} {request.path}"
+    elif exc.status == 405:
+        allow = exc.headers.get("Allow", "")
+        text = f"{request.method} is not allowed on {request.path}; allowed: {allow or 'none'}"
+        headers["Allow"] = allow
+    return _json({"error": text}, exc.status, headers)
+
+
+class _JsonErrorHandler(RequestHandler):
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status != 400:
+            return super().handle_error(request, status, exc, message)
+        # A client's malformed request is no fault of ours: debug, not an error traceback.
+        self.logger.debug("malformed HTTP request from %s: %s", request.remote, exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was sent already: the connection is broken")
+        resp = _json({"error": f"malformed HTTP request: {message or exc or 'bad request'}"}, 400)
+        resp.force_close()
+        return resp
+
+
+class _JsonErrorServer(Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+def answer_parse_errors_in_json(runner: web.AppRunner) -> None:
+    """Make a set-up runner's connections answer unparsable requests with a JSON 400."""
+    server = runner.server
+    if server is not None and type(server) is Server:
+        server.__class__ = _JsonErrorServer
