@@ -316,7 +316,7 @@ def save_screenshot(path: str, size: tuple[int, int] = (120, 36)) -> None:
         f.write(svg)
 
 
-if __name__ == "__main__":  # python -m hotreload.tui.scripted assets/dashboard.svg
+if __name__ == "__main__":  # python -m hotreload.tui.scripted docs/assets/dashboard.svg
     import sys
 
     save_screenshot(sys.argv[1] if len(sys.argv) > 1 else "dashboard.svg")
