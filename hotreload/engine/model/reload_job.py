@@ -18,6 +18,7 @@ from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, W
 from hotreload.engine.model.phases import PhaseRunner
 from hotreload.engine.model.policy import choose_policy
 from hotreload.engine.model.record import VersionInfo
+from hotreload.engine.signature import inputs_change
 from hotreload.engine.snapshots import Snapshot
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
     outcome = ReloadOutcome(
         sup.name, False, sup.version, job.trigger, detail=job.detail, strategy=sup.model.strategy
     )
+    inputs_before = list(sup.current.inputs) if sup.current else None
     try:
         async with sup.device_lock(outcome):
             candidate: Snapshot | None = None
@@ -68,8 +70,15 @@ async def run_reload(sup: Supervisor, job: ReloadJob) -> ReloadOutcome:
         error=outcome.error,
         traceback=outcome.traceback,
         digest=sup.current.digest if sup.current else None,
+        **_inputs_changed(inputs_before, sup) if outcome.ok else {},
     )
     return outcome
+
+
+def _inputs_changed(before: list[dict[str, Any]] | None, sup: Supervisor) -> dict[str, str]:
+    """`inputs_changed` for reload_done when the reload changed what requests must send."""
+    change = inputs_change(before, sup.current.inputs) if before and sup.current else None
+    return {"inputs_changed": change} if change else {}
 
 
 async def _run_locked(sup: Supervisor, job: ReloadJob, outcome: ReloadOutcome) -> Snapshot | None:

@@ -1,0 +1,70 @@
+"""Trips of a new user's first day (issue 31, item 3), each as the user meets it: a real
+session, a real edit, the line it prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hotreload import Client
+from tests.support import read_events, wait_until
+
+CNN = """
+import torch
+from torch import nn
+
+SIZE = 32
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+def build():
+    return SmallCNN()
+
+
+def example_input():
+    return torch.zeros(1, 3, SIZE, SIZE)
+"""
+
+
+def cnn_project(tmp_path: Path, extra: str = "") -> Path:
+    proj = tmp_path / "cnn"
+    proj.mkdir()
+    (proj / "model.py").write_text(CNN)
+    config = proj / "hotreload.toml"
+    config.write_text(
+        '[[models]]\nname = "cnn"\nentry = "model.py:build"\nexample = "model.py:example_input"\n'
+        f"threads = 1\nwarmup_iters = 1\n{extra}"
+    )
+    return config
+
+
+def test_a_reload_that_changes_the_example_shape_says_inputs_changed(
+    tmp_path: Path, serve
+) -> None:
+    config = cnn_project(tmp_path)
+    session = serve(config, "--no-tui", command="watch")
+    model = config.parent / "model.py"
+    model.write_text(model.read_text().replace("SIZE = 32", "SIZE = 64"))
+    session.wait_for("reload -> v2 ok", timeout=60)
+    line = next(line for line in session.lines if "reload -> v2 ok" in line)
+    assert "inputs changed: input [N,3,32,32] → [N,3,64,64]" in line, line
+    (done,) = [e for e in read_events(config) if e["kind"] == "reload_done"]
+    assert done["inputs_changed"] == "input [N,3,32,32] → [N,3,64,64]"
+    # What the line warns of: the old shape is now refused, the new one served.
+    with Client(config=config) as client:
+        assert client.infer("cnn", np.zeros((1, 3, 64, 64), np.float32)).version == 2
+    # An edit that keeps the shape says nothing of inputs.
+    model.write_text(model.read_text().replace(".flatten(1))", ".flatten(1)) * 2"))
+    wait_until(lambda: any("reload -> v3" in line for line in session.lines), 60, what="v3")
+    line = next(line for line in session.lines if "reload -> v3" in line)
+    assert "inputs changed" not in line, line
