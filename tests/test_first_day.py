@@ -3,6 +3,7 @@ session, a real edit, the line it prints."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +69,53 @@ def test_a_reload_that_changes_the_example_shape_says_inputs_changed(
     wait_until(lambda: any("reload -> v3" in line for line in session.lines), 60, what="v3")
     line = next(line for line in session.lines if "reload -> v3" in line)
     assert "inputs changed" not in line, line
+
+
+SLOW_WARM = """
+import time
+import torch
+from torch import nn
+
+PASS_S = 0.0
+
+
+class Slow(nn.Module):
+    def forward(self, x):
+        time.sleep(PASS_S)
+        return x * 2
+
+
+def build():
+    return Slow()
+
+
+def example_input():
+    return torch.zeros(1, 4)
+"""
+
+
+def test_a_warm_up_past_its_deadline_names_the_key_passes_and_time_per_pass(
+    tmp_path: Path, serve
+) -> None:
+    proj = tmp_path / "slow"
+    proj.mkdir()
+    (proj / "model.py").write_text(SLOW_WARM)
+    config = proj / "hotreload.toml"
+    config.write_text(
+        '[[models]]\nname = "slow"\nentry = "model.py:build"\nexample = "model.py:example_input"\n'
+        "warmup_iters = 6\n[models.deadlines]\nwarm_s = 2.0\n"
+    )
+    session = serve(config, "--no-tui", command="watch")
+    # Each pass now takes 0.8 s: 6 of them need about 5 s, past the 2 s deadline.
+    (proj / "model.py").write_text(SLOW_WARM.replace("PASS_S = 0.0", "PASS_S = 0.8"))
+    session.wait_for("reload FAILED in warm", timeout=60)
+    failed = next(line for line in session.lines if "reload FAILED in warm" in line)
+    assert "within its 2 s deadline ([models.deadlines] warm_s)" in failed, failed
+    assert re.search(r": [1-3] of 6 pass\(es\) done, [6-9]\d\d ms a pass", failed), failed
+    assert "raise warm_s past that, or lower warmup_iters" in failed
+    assert "v1 keeps serving" in failed
+    # Progress while it ran: a note at least once before the failure.
+    notes = [line for line in session.lines if "note: warm-up:" in line]
+    assert notes and re.search(r"of 6 pass\(es\) done in \d+ s", notes[0]), session.output
+    with Client(config=config) as client:
+        assert client.infer("slow", np.zeros((1, 4), np.float32)).version == 1

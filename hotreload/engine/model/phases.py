@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hotreload.engine.model.jobs import PhaseFailed, ReloadJob, ReloadOutcome, Wedged
 from hotreload.engine.model.pushes import Overlay, WeightsPlan, adopt_block, plan_weights
 from hotreload.engine.model.record import VersionInfo
+from hotreload.engine.warm_progress import WarmDeadlineError, wait_for_warm
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 
 if TYPE_CHECKING:
@@ -180,9 +181,19 @@ async def build(
         return {"detail": detail}
 
     async def warm() -> dict[str, Any]:
-        r = await worker.request(
+        reply = worker.request(
             WorkerOp.WARM, None, target="staged", iters=sup.model.warmup_iters, **pace()
         )
+        try:  # progress lines while it runs; past warm_s, what to change (warm_progress.py)
+            r = await wait_for_warm(
+                worker,
+                reply,
+                deadline_s=d.warm_s,
+                iters=sup.model.warmup_iters,
+                say=lambda m: sup.events.emit("model_note", model=sup.name, message=m),
+            )
+        except WarmDeadlineError as exc:
+            raise PhaseFailed("warm", str(exc)) from None
         info.warm_s, info.warm_passes_ms = r["warm_s"], r["passes_ms"]
         passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
         return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms{paced(r)}"}
@@ -205,7 +216,7 @@ async def build(
         load_state = "loading" if cold or not sup.router.gate_open else "reloading"
         warm_state = "warming" if cold else None
     await runner.run("load", load, deadline_s=d.load_s, state=load_state)
-    await runner.run("warm", warm, deadline_s=d.warm_s, state=warm_state)
+    await runner.run("warm", warm, deadline_s=d.warm_s + 5, state=warm_state)  # backstop
     await runner.run("smoke", smoke, deadline_s=d.smoke_s)
     if job is not None:
         sup.warn_weights_override(job, info)
