@@ -116,6 +116,6 @@ def test_a_warm_up_past_its_deadline_names_the_key_passes_and_time_per_pass(
     assert "v1 keeps serving" in failed
     # Progress while it ran: a note at least once before the failure.
     notes = [line for line in session.lines if "note: warm-up:" in line]
-    assert notes and re.search(r"of 6 pass\(es\) done in \d+ s", notes[0]), session.output
+    assert notes and re.search(r"of 6 pass\(es\) done in \d+\.\d s", notes[0]), session.output
     with Client(config=config) as client:
         assert client.infer("slow", np.zeros((1, 4), np.float32)).version == 1

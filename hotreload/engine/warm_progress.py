@@ -95,7 +95,7 @@ async def wait_for_warm(
             if passes is not None:
                 took = time.monotonic() - started
                 per = f", {_per_pass(passes)}" if passes else ""
-                say(f"warm-up: {len(passes)} of {iters} pass(es) done in {took:.0f} s{per}")
+                say(f"warm-up: {len(passes)} of {iters} pass(es) done in {took:.1f} s{per}")
         passes = await _passes_done(worker)
         raise WarmDeadlineError(deadline_message(deadline_s, iters, passes))
     finally:

@@ -32,6 +32,7 @@ from hotreload.errors import ConfigError
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.export.bundle import bundle_source
 from hotreload.export.code_copy import CodeCopy, CopyError, copy_code
+from hotreload.export.export_checks import serving_state, watched_problem, weights_note
 from hotreload.export.triton_config import NotExpressible, model_config
 
 EXPORT_FILE = "hotreload_export.json"
@@ -123,6 +124,7 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
             "form": probe["form"],
             "inputs": probe["inputs"],
             "outputs": probe["outputs"],
+            "weights_digest": probe.get("digest"),
         }
         (version_dir / EXPORT_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
         if target.exists():
@@ -136,6 +138,12 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
         notes.append(
             f"{', '.join(code.installed)} is not under {config.root}: it is imported from the "
             "installed package, which Triton's Python environment must have too"
+        )
+    if code.left_out:
+        notes.append(
+            f"left out {len(code.left_out)} Python file(s) the model does not import: "
+            + ", ".join(code.left_out[:8])
+            + (" ..." if len(code.left_out) > 8 else "")
         )
     if code.hotreload_importers:
         notes.append(
@@ -175,6 +183,11 @@ def describe(e: Exported) -> list[str]:
     ]
     if any(w.startswith("weights/") for w in e.code.weights):
         lines.append("  1/weights/                 the weights files outside the code folder")
+    if e.code.weights:
+        lines.append(
+            f"  weights                    {', '.join(e.code.weights)}: the files' weights, "
+            f"digest {e.probe.get('digest') or 'unknown'}"
+        )
     params = e.probe.get("parameters") or []
     if params or e.probe.get("any_parameters"):
         lines.append(
@@ -207,6 +220,11 @@ def export_triton_main(out_dir: str, config_path: str | None, model: str | None)
         print(f"hotreload export: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     out = Path(out_dir).expanduser().resolve()
+    problem = watched_problem(config, out)
+    if problem is not None:
+        print(f"hotreload export: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    serving = serving_state(config)
     done: list[Exported] = []
     for m in models:
         try:
@@ -214,7 +232,10 @@ def export_triton_main(out_dir: str, config_path: str | None, model: str | None)
         except ExportError as exc:
             print(f"hotreload export: {m.name!r} cannot be exported: {exc}", file=sys.stderr)
             return EXIT_FAILURE
+        note = weights_note(m.name, done[-1].probe.get("digest"), serving.get(m.name))
+        if note:
+            done[-1].notes.append(note)
         print("\n".join(describe(done[-1])))
     print(requirements(done))
-    print(f"Start it: tritonserver --model-repository {out} (README: Moving to Triton and KServe)")
+    print(f"Start it: tritonserver --model-repository {out} (docs/exports.md)")
     return EXIT_OK
