@@ -49,9 +49,7 @@ def cnn_project(tmp_path: Path, extra: str = "") -> Path:
     return config
 
 
-def test_a_reload_that_changes_the_example_shape_says_inputs_changed(
-    tmp_path: Path, serve
-) -> None:
+def test_a_reload_that_changes_the_example_shape_says_inputs_changed(tmp_path: Path, serve) -> None:
     config = cnn_project(tmp_path)
     session = serve(config, "--no-tui", command="watch")
     model = config.parent / "model.py"
@@ -119,3 +117,37 @@ def test_a_warm_up_past_its_deadline_names_the_key_passes_and_time_per_pass(
     assert notes and re.search(r"of 6 pass\(es\) done in \d+\.\d s", notes[0]), session.output
     with Client(config=config) as client:
         assert client.infer("slow", np.zeros((1, 4), np.float32)).version == 1
+
+
+def test_status_shows_a_dash_not_zero_for_a_window_without_requests() -> None:
+    from hotreload.commands.status import format_status
+
+    model = {
+        "name": "mlp", "state": "serving", "version": 1, "device": "cpu", "queue_depth": 0,
+        "queue_limit": 256, "inflight": 0, "worker": {},
+        "latency": {"count": 0, "p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0},
+        "requests": {"ok": 0, "rejected": 0, "timed_out": 0, "failed": 0},
+    }  # fmt: skip
+    status = {"pid": 1, "uptime_s": 3.0, "socket": "/s", "models": [model]}
+    row = format_status(status).splitlines()[2]
+    assert "0.00" not in row and row.split()[6:9] == ["-", "-", "-"], row
+    model["latency"] = {"count": 5, "p50_ms": 1.5, "p95_ms": 2.0, "p99_ms": 2.5}
+    assert "1.50" in format_status(status).splitlines()[2]
+
+
+def test_make_weights_writes_atomically_beside_the_target(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.support import EXAMPLE
+
+    out = tmp_path / "w.safetensors"
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE / "make_weights.py"), "--seed", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+    assert "os.replace(tmp, args.out)" in (EXAMPLE / "make_weights.py").read_text()
