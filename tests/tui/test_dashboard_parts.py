@@ -203,3 +203,28 @@ def test_traceback_shows_the_users_innermost_frame_first_and_folds_torch(tmp_pat
     folded = [line for line in out if "library frame(s) folded" in line]
     assert folded and "torch/nn/modules/module.py" in folded[0]
     assert not any('modules/module.py", line' in line for line in out), out
+
+
+def test_help_at_80x24_shows_every_key_and_how_to_close_it() -> None:
+    import asyncio
+
+    async def main() -> None:
+        from hotreload.tui.app import build_app
+        from hotreload.tui.scripted import ScriptedSource, cpu_scenario
+
+        samples, state = cpu_scenario()
+        app = build_app(ScriptedSource(samples), state=state)
+        app.animation_level = "none"
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.wait_for_first_sample(10)  # type: ignore[attr-defined]
+            await pilot.press("question_mark")
+            await pilot.pause()
+            shown = app.export_screenshot()
+            for key in ("r / R", "x        reset", "l        start", "q        quit"):
+                assert key.replace(" ", "&#160;") in shown or key in shown, key
+            assert "closes&#160;this&#160;help" in shown or "closes this help" in shown
+            await pilot.press("escape")
+            await pilot.pause()
+            assert "closes" not in app.export_screenshot()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
