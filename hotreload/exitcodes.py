@@ -1,4 +1,4 @@
-"""Named exit codes shared by every command (documented in the README), and `exit_code_for`,
+"""Named exit codes shared by every command (docs/troubleshooting.md), and `exit_code_for`,
 the one mapping from the error that ended a command to its code."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A scripted `DashboardSource`: fixed samples on a fixed clock, no session behind it.
 
-Snapshot tests and the README screenshot use it with the same app factory as the CLI.
+Snapshot tests and the docs picture (docs/assets/dashboard.svg) use it with the app factory
+the CLI uses.
 `sample()` returns each scripted sample once, then waits until `stop()`: a screenshot sees
 exactly the script, however fast or slow the machine is.
 """
@@ -299,7 +300,7 @@ def _play(
 
 
 def save_screenshot(path: str, size: tuple[int, int] = (120, 36)) -> None:
-    """Write the scripted one-GPU screen as an SVG (the README's picture)."""
+    """Write the scripted one-GPU screen as an SVG (the picture of docs/dashboard.md)."""
     from hotreload.tui.app import build_app
 
     samples, state = gpu_scenario()
@@ -316,7 +317,7 @@ def save_screenshot(path: str, size: tuple[int, int] = (120, 36)) -> None:
         f.write(svg)
 
 
-if __name__ == "__main__":  # python -m tests.scripted_source assets/dashboard.svg
+if __name__ == "__main__":  # python -m tests.scripted_source docs/assets/dashboard.svg
     import sys
 
     save_screenshot(sys.argv[1] if len(sys.argv) > 1 else "dashboard.svg")

@@ -234,21 +234,16 @@ def test_pre_commit_hook_passes_then_fails_after_a_breaking_edit(tmp_path: Path)
     shutil.copytree(
         REPO / "examples" / "mlp", repo, ignore=shutil.ignore_patterns("__pycache__", ".hotreload")
     )
-    # The local-hook form from the README, with this interpreter as "the project's own
-    # environment" (the isolated hook env would need its own torch download).
-    (repo / ".pre-commit-config.yaml").write_text(
-        "repos:\n"
-        "  - repo: local\n"
-        "    hooks:\n"
-        "      - id: hotreload-check\n"
-        "        name: hotreload check\n"
-        f"        entry: {sys.executable} -m hotreload check --reloads 1\n"
-        "        language: system\n"
-        "        pass_filenames: false\n"
-        "        require_serial: true\n"
-        "        files: '\\.(py|toml|safetensors|pt|pth|bin)$'\n"
-        "        stages: [pre-commit, pre-push, manual]\n"
+    # The first hook form docs/pre-commit.md shows (the local one, for everyone with a venv),
+    # with this interpreter as "the project's own environment" and one reload for speed.
+    page = (REPO / "docs" / "pre-commit.md").read_text()
+    first = re.findall(r"```yaml\n(.*?)```", page, re.S)[0]
+    assert "repo: local" in first, "the local hook comes first: it installs nothing"
+    hook = first.replace(
+        ".venv/bin/hotreload check", f"{sys.executable} -m hotreload check --reloads 1"
     )
+    assert sys.executable in hook
+    (repo / ".pre-commit-config.yaml").write_text(hook)
     env = dict(os.environ, PRE_COMMIT_HOME=str(tmp_path / "pc-home"), GIT_AUTHOR_NAME="t")
     env.update(GIT_AUTHOR_EMAIL="t@e", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@e")
     precommit = [sys.executable, "-m", "pre_commit"]
@@ -268,6 +263,16 @@ def test_pre_commit_hook_passes_then_fails_after_a_breaking_edit(tmp_path: Path)
     assert bad.returncode != 0
     assert "Failed" in bad.stdout + bad.stderr and "non-finite" in bad.stdout + bad.stderr
     assert run("git", "log", "--oneline").stdout.count("\n") == 1, "the broken commit was refused"
+
+
+def test_remote_hook_form_says_what_its_environment_costs() -> None:
+    """pre-commit builds the remote form's environment with pip from PyPI: on Linux the CUDA
+    torch. The page and the manifest say so, and how to get the CPU build instead."""
+    page = (REPO / "docs" / "pre-commit.md").read_text()
+    remote = page[page.index("**The hook from this repository**") :]
+    assert "CUDA build: about 5.5 GB" in remote
+    assert "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in remote
+    assert "the CUDA build of torch (about 5.5 GB" in (REPO / ".pre-commit-hooks.yaml").read_text()
 
 
 def test_hook_manifest_is_valid() -> None:

@@ -429,16 +429,16 @@ def test_a_hung_file_system_does_not_hang_the_wait(
     assert "could not be checked" in open_[path]
 
 
-# --- the README's advice -------------------------------------------------------------------
+# --- the docs' advice ---------------------------------------------------------------------
 
 
-def test_the_readme_atomic_saves_work_and_their_temp_files_are_ignored(tmp_path: Path) -> None:
+def test_the_docs_atomic_saves_work_and_their_temp_files_are_ignored(tmp_path: Path) -> None:
     import safetensors.torch
 
     from hotreload.engine.ignore import IgnoreRules
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### Checkpoints written by a trainer", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "weights.md").read_text()
+    section = page.split("## Checkpoints written by a trainer", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
     assert len(blocks) == 2 and "torch.save" in blocks[0] and "save_file" in blocks[1]
     model = torch.nn.Linear(3, 2)

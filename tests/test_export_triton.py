@@ -81,6 +81,16 @@ def test_the_example_exports_as_a_python_backend_model(
     assert record["entry"]["file"] == "model.py"
     assert record["weights"] == ["code/weights.safetensors"]
     assert "exported 'mlp'" in printed
+    # What the model imports, not the client scripts beside it (nor their requirements).
+    assert not (version / "code" / "client.py").exists()
+    assert not (version / "code" / "make_weights.py").exists()
+    assert (
+        "left out 2 Python file(s) the model does not import: client.py, make_weights.py" in printed
+    )
+    assert "hotreload" not in printed.split("must contain:")[1].split("\n")[0]
+    # Which weights went out, with the digest serving shows for them.
+    assert record["weights_digest"].startswith("sha256:")
+    assert f"the files' weights, digest {record['weights_digest']}" in printed
     assert "Triton's Python environment must contain: torch==" in printed
     assert "safetensors==" in printed and "numpy==" in printed
     # Nothing half-written is left beside it.
@@ -186,6 +196,13 @@ def test_an_export_inside_the_code_folder_does_not_copy_itself(
 ) -> None:
     config = make_project(tmp_path)
     out = config.parent / "triton_repo"
+    # Inside the watched folder and not ignored: every file written would set off a reload.
+    code, _, err = export(config, out, capsys=capsys)
+    assert code == 2 and "which hotreload watches for model 'mlp'" in err, err
+    assert 'add "triton_repo/**" to [watch] ignore first' in err and not out.exists()
+    config.write_text(
+        config.read_text().replace("[watch]\n", '[watch]\nignore = ["triton_repo/**"]\n')
+    )
     for _ in range(2):
         code, _, err = export(config, out, capsys=capsys)
         assert code == 0, err
@@ -224,3 +241,43 @@ def test_the_loading_rules_run_without_hotreload(tmp_path: Path) -> None:
     assert lines[0] == "dict ['a', 'b'] ['text']"
     assert lines[1] == "['x.1.0']"
     assert lines[2].endswith("none.safetensors does not exist")
+
+
+def test_only_the_python_files_the_model_imports_go_out(tmp_path: Path) -> None:
+    from hotreload.export.imports_closure import unimported_files
+
+    (tmp_path / "pkg").mkdir()
+    files = {
+        "model.py": "import helpers\nfrom pkg import sub\n",
+        "helpers.py": "from . import nothing_here\n",
+        "pkg/__init__.py": "",
+        "pkg/sub.py": "from .other import x\n",
+        "pkg/other.py": "x = 1\n",
+        "example.py": "import torch\n",
+        "client.py": "import model\nfrom hotreload import Client\n",
+        "unused.py": "import requests\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    left = unimported_files(tmp_path, [tmp_path / "model.py", tmp_path / "example.py"])
+    assert [p.as_posix() for p in left] == ["client.py", "unused.py"]
+
+
+def test_export_beside_a_session_with_pushed_weights_says_which_weights_went_out(
+    tmp_path: Path, serve, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    from hotreload import Client
+
+    config = make_project(tmp_path)
+    serve(config)
+    with Client(config=config) as client:
+        state = {"out.bias": np.full((10,), 0.5, np.float32)}
+        pushed = client.update_weights("mlp", state, strict=False)
+    code, printed, err = export(config, tmp_path / "repo", capsys=capsys)
+    assert code == 0, err
+    record = json.loads((tmp_path / "repo" / "mlp" / "1" / "hotreload_export.json").read_text())
+    assert record["weights_digest"] != pushed["digest"]
+    assert f"answers 'mlp' with weights {pushed['digest']} (1 push(es)" in printed, printed
+    assert f"this export holds the files' weights ({record['weights_digest']})" in printed

@@ -225,6 +225,8 @@ def test_report_command_on_a_real_session(tmp_path: Path, serve) -> None:
     assert res.stdout.startswith(f"wrote {out}: 1 reload(s) (0 failed)")
     page = out.read_text()
     assert "v2 ok" in page and "worker RSS after each version" in page
+    # Private like the rest of .hotreload/: it holds tracebacks and code paths.
+    assert out.stat().st_mode & 0o777 == 0o600
 
 
 def test_report_without_a_log_says_what_to_run(tmp_path: Path) -> None:

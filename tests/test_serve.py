@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -375,6 +376,28 @@ def test_second_session_on_the_same_config_leaves_the_first_one_serving(
     assert first.proc.poll() is None and client.socket_path.exists()
     with Client(config=project) as fresh:
         assert fresh.infer("mlp", np.zeros((1, 64), np.float32)).version == 1
+
+
+def test_second_watch_no_tui_exits_3_and_never_touches_the_live_sessions_state(
+    project: Path, serve
+) -> None:
+    first = serve(project, command="watch")
+    events = project.parent / ".hotreload" / "events.jsonl"
+    session_file = project.parent / ".hotreload" / "session.json"
+    before_events, before_session = events.read_bytes(), session_file.read_bytes()
+    second = serve(project, "--no-tui", command="watch", wait_ready=False)
+    assert second.proc.wait(60) == 3, second.output
+    second.wait_for("already serving")
+    assert "stop it first" in second.output and "could not start" not in second.output
+    # Not a line of the refused session lands in the live one's events, nor its session file.
+    after = events.read_bytes()
+    assert after.startswith(before_events)
+    new_kinds = [json.loads(line)["kind"] for line in after[len(before_events) :].splitlines()]
+    assert not [k for k in new_kinds if k.startswith("session_") or k == "state"], new_kinds
+    assert session_file.read_bytes() == before_session
+    assert first.proc.poll() is None
+    with Client(config=project) as client:
+        assert client.infer("mlp", np.zeros((1, 64), np.float32)).version == 1
 
 
 def test_ctrl_c_during_a_long_first_load_stops_at_once(tmp_path: Path, serve) -> None:

@@ -7,6 +7,7 @@ module from the same code and loads the new weights, without re-importing model.
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     state = {k: v.contiguous() for k, v in build().state_dict().items()}
-    save_file(state, args.out)
+    # Atomically, as docs/weights.md advises trainers: the watch only ever sees whole files.
+    tmp = args.out + ".tmp"
+    save_file(state, tmp)
+    os.replace(tmp, args.out)
     print(f"wrote {args.out} (seed {args.seed})")
 
 

@@ -114,7 +114,7 @@ class ModelCheck:
             tb = getattr(exc, "remote_traceback", None)
             message = str(exc).split("\n--- remote traceback ---", 1)[0] or "timed out"
             hint = (
-                "forward() failed on the example-shaped zeros input" + _see_traceback(tb)
+                "forward() failed on zeros shaped like the example, batch 1" + _see_traceback(tb)
                 if name == "infer"
                 else "the worker stopped answering: see the error"
             )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hotreload.config import ConfigError, load_config
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from hotreload.export.export_checks import serving_state, watched_problem, weights_note
 from hotreload.export.ray import STATE_FILE, export_ray, update_weights
 from hotreload.export.ray_options import NotExpressible as RayNotExpressible
 from hotreload.export.triton import Exported, ExportError, describe, export_model, requirements
@@ -23,6 +24,11 @@ def export_triton_main(out_dir: str, config_path: str | None, model: str | None)
         print(f"hotreload export: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     out = Path(out_dir).expanduser().resolve()
+    problem = watched_problem(config, out)
+    if problem is not None:
+        print(f"hotreload export: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    serving = serving_state(config)
     done: list[Exported] = []
     for m in models:
         try:
@@ -30,9 +36,12 @@ def export_triton_main(out_dir: str, config_path: str | None, model: str | None)
         except ExportError as exc:
             print(f"hotreload export: {m.name!r} cannot be exported: {exc}", file=sys.stderr)
             return EXIT_FAILURE
+        note = weights_note(m.name, done[-1].probe.get("digest"), serving.get(m.name))
+        if note:
+            done[-1].notes.append(note)
         print("\n".join(describe(done[-1])))
     print(requirements(done))
-    print(f"Start it: tritonserver --model-repository {out} (README: Moving to Triton and KServe)")
+    print(f"Start it: tritonserver --model-repository {out} (docs/exports.md)")
     return EXIT_OK
 
 

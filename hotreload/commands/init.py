@@ -10,8 +10,8 @@ from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 STARTER = """\
 # hotreload.toml - what hotreload serves and how it reloads it.
 # Paths are relative to this file. Every key is optional unless marked "required".
-# Docs: README.md of hotreload. Check it with: hotreload check (load, infer, reload once
-# or more); then hotreload watch serves it and reloads on every save.
+# Every key: docs/configuration.md of hotreload. Check it with: hotreload check (load,
+# infer, reload once or more); then hotreload watch serves it and reloads on every save.
 
 # Where the session keeps events.jsonl and its state (it writes its own .gitignore there).
 state_dir = ".hotreload"
@@ -34,6 +34,7 @@ device = "auto"                      # "auto" (first CUDA device, else cpu), "cp
 warmup_iters = 3                     # example passes before a version serves
 max_queue_size = 256                 # a full queue rejects at once ("Exceeds maximum queue size")
 request_timeout_s = 30.0
+# max_inflight = 8                   # requests kept in flight inside the worker (pipelining)
 threads = 1                          # torch threads; or { intra_op = 2, inter_op = 1 }
 # cpus = "auto"                      # CPUs of its own for the serving worker: "auto" (as
                                      #   many as intra-op threads, when one is left for
@@ -84,6 +85,10 @@ enabled = false
 host = "127.0.0.1"
 port = 8000
 # metrics_port = 8002                # /metrics alone on Triton's metrics port too
+# body_timeout_s = 60.0              # a body not in full by then: 408, connection closed
+# keepalive_timeout_s = 75.0         # an idle keep-alive connection closes after this
+# max_inflated_mib = 64              # gzip/deflate bodies may inflate to this (default:
+                                     #   max_frame_mib)
 
 [check]                              # `hotreload check`, the pre-commit smoke check
 reloads = 3

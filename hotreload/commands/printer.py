@@ -132,6 +132,7 @@ FORMATTERS: dict[str, Formatter] = {
     "reload_done": lambda e: (
         f"{_m(e)}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
         f"({e.get('policy')}, {e.get('strategy')}){_weights(e)}"
+        + (f"; inputs changed: {e['inputs_changed']}" if e.get("inputs_changed") else "")
     ),
     "reload_failed": lambda e: _with_traceback(
         f"{_m(e)}: reload FAILED in {e.get('phase')}: {e.get('error')} "

@@ -19,7 +19,9 @@ from typing import Any
 from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, Xid
 from hotreload.engine.events import typed
 from hotreload.engine.stats_log import STATS_FILE
+from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, error_exit
+from hotreload.paths import write_private_file
 
 #: Colours the page draws with (the Chromium test looks for some of them in the picture).
 PHASE_COLOURS = {
@@ -344,8 +346,9 @@ def report_main(config_path: str | None, html_out: str | None) -> int:
     log = read_log(state_dir)
     out = Path(html_out) if html_out else state_dir / "report.html"
     try:
-        out.write_text(render_html(log, str(config.path)), encoding="utf-8")
-    except OSError as exc:
+        # 0600 like the rest of the state folder: the page holds tracebacks and code paths.
+        write_private_file(out, render_html(log, str(config.path)))
+    except (OSError, HotreloadError) as exc:
         print(f"hotreload report: cannot write {out}: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     failed = sum(not r.ok for r in log.reloads)

@@ -10,10 +10,12 @@ from typing import Any
 
 from hotreload.commands.printer import PlainPrinter
 from hotreload.config import Config, load_config, with_cli_overrides
+from hotreload.engine.endpoint import AlreadyServingError, socket_answers
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_OK, error_exit, exit_code_for
+from hotreload.paths import socket_path_for
 from hotreload.preflight import preflight
 
 
@@ -112,6 +114,11 @@ def run_with_config(
     except ConfigError as exc:
         return error_exit("hotreload", exc)
     try:
+        # Before anything is built: a second `watch`/`serve` on a live config says so and
+        # exits 3, and writes nothing into the live session's state folder.
+        socket_file = socket_path_for(config.path, config.socket_dir)
+        if socket_answers(socket_file):
+            raise AlreadyServingError(socket_file)
         return run(config)
     except HotreloadError as exc:  # a ConfigError here was checked against this machine
         return error_exit("hotreload", exc, config.path)

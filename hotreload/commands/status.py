@@ -14,6 +14,13 @@ def _mib(n: Any) -> str:
     return f"{n / 2**20:.0f} MiB" if isinstance(n, (int, float)) else "-"
 
 
+def _ms(latency: dict[str, Any], key: str) -> str:
+    """A latency figure, or `-` for a window without requests (0.00 would read as fast)."""
+    if not latency.get("count", 1):
+        return f"{'-':>8}"
+    return f"{latency[key]:>8.2f}"
+
+
 def format_status(status: dict[str, Any]) -> str:
     lines = [
         f"session pid {status['pid']}, up {status['uptime_s']:.0f} s, socket {status['socket']}"
@@ -33,7 +40,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(
             f"{m['name']:<16} {m['state']:<10} {m['version']:>4} {m['device']:<8} "
             f"{str(m['queue_depth']) + '/' + str(m['queue_limit']):>9} {m['inflight']:>4} "
-            f"{lat['p50_ms']:>8.2f} {lat['p95_ms']:>8.2f} {lat['p99_ms']:>8.2f} "
+            f"{_ms(lat, 'p50_ms')} {_ms(lat, 'p95_ms')} {_ms(lat, 'p99_ms')} "
             f"{req['ok']:>8} {req['rejected']:>5} {req['timed_out']:>5} {req['failed']:>5} {mem:>9}"
         )
         if m.get("digest"):

@@ -88,6 +88,9 @@ class WatchSession:
         `start_failed` event) and the watcher starts anyway: the user fixes the file, saves,
         and the reload brings it up."""
         await self.watcher.prime()
+        # The socket first, outside the try: another session serving on it is no model
+        # failure a save could fix (exit 3, "already serving"), so it must not keep going.
+        await self.session.open()
         try:
             await self.session.start()
         except PhaseFailed as exc:

@@ -11,16 +11,23 @@ RESET_MODES = ("never", "on-wedge", "ask")
 
 @dataclass(frozen=True)
 class GpuConfig:
+    #: GPU reset: `"never"`, `"on-wedge"` (tried when a worker wedged, only when safe) or
+    #: `"ask"` (the dashboard's `x` key asks first). Dev machines only.
     reset: str = "never"
+    #: How often GPU memory and utilisation are read (NVML).
     sample_interval_ms: int = 500
 
 
 @dataclass(frozen=True)
 class CheckConfig:
+    #: Reload cycles `hotreload check` runs after the first load (`--reloads` overrides it).
     reloads: int = 3
     #: Memory growth after a reload, against the first load, that fails `hotreload check`.
     leak_threshold_mib: float = 64.0
+    #: Fail the check when p99 over a burst of requests exceeds this (`--p99-ms`). Unset: no
+    #: latency check.
     p99_ms: float | None = None
+    #: How many requests the `p99_ms` burst sends.
     burst_requests: int = 200
 
 

@@ -14,8 +14,12 @@ AUTH_MODES = ("token", "none")
 class HttpConfig:
     """The KServe v2 HTTP endpoint (off by default; `--http HOST:PORT` turns it on)."""
 
+    #: Serve the KServe v2 HTTP API (or pass `--http HOST:PORT` to `serve` / `watch`).
     enabled: bool = False
+    #: Address to listen on. Loopback by default; `"0.0.0.0"` exposes it to the network, and
+    #: there is no authentication.
     host: str = "127.0.0.1"
+    #: Port to listen on; 0 picks a free one.
     port: int = 8000
     #: A second listener serving only /metrics (Triton serves it on 8002).
     metrics_port: int | None = None
@@ -23,7 +27,7 @@ class HttpConfig:
     body_timeout_s: float = 60.0
     #: Seconds an idle keep-alive connection stays open.
     keepalive_timeout_s: float = 75.0
-    #: Largest body after gzip/deflate inflation, in MiB (None: max_frame_mib).
+    #: Largest body after gzip/deflate inflation, in MiB. Unset: `max_frame_mib`.
     max_inflated_mib: int | None = None
     #: "token": load, unload, the repository index and tracebacks need the bearer token in
     #: the state folder's `http_token` (any local user can reach a port); "none": open to

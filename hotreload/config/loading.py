@@ -36,13 +36,24 @@ class Config:
 
     path: Path
     root: Path
+    #: One `[[models]]` table per model.
     models: tuple[ModelConfig, ...]
+    #: Where the session keeps `events.jsonl`, `stats.jsonl`, `session.json` and the check
+    #: record (0700, with its own `.gitignore`), relative to the config file.
     state_dir: Path
+    #: Where the session's socket, locks and CPU claims live. Unset:
+    #: `$XDG_RUNTIME_DIR/hotreload` when that folder is yours, else `hotreload-<uid>` in the temp
+    #: folder.
     socket_dir: Path | None = None
+    #: The largest request or reply, in MiB; larger frames are refused.
     max_frame_mib: int = 64
+    #: How file events become reloads: the `[watch]` table.
     watch: WatchConfig = field(default_factory=WatchConfig)
+    #: GPU reset and sampling: the `[gpu]` table.
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    #: `hotreload check`: the `[check]` table.
     check: CheckConfig = field(default_factory=CheckConfig)
+    #: The KServe v2 HTTP endpoint: the `[http]` table.
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def model(self, name: str) -> ModelConfig:

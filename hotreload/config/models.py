@@ -58,11 +58,18 @@ class EntryPoint:
 class Deadlines:
     """Upper bounds, in seconds, for each reload phase; past one the phase fails."""
 
+    #: How long a model may take to come up at session start (load, warm-up, smoke).
     start_s: float = 120.0
+    #: How long a reload waits for the old version's in-flight requests; never less than
+    #: `forward_s` (a long forward is not a hung one).
     drain_s: float = 10.0
+    #: How long a reload polls the old version's CUDA streams until they are idle.
     sync_s: float = 5.0
+    #: How long importing the code, calling the factory and loading the weights may take.
     load_s: float = 120.0
+    #: How long all `warmup_iters` warm-up passes together may take.
     warm_s: float = 60.0
+    #: How long the smoke test (one pass on the example, outputs checked) may take.
     smoke_s: float = 30.0
     #: A forward running longer than this means the worker is wedged (hung kernel, deadlock).
     forward_s: float = 60.0
@@ -91,26 +98,53 @@ class Threads:
 class ModelConfig:
     """One `[[models]]` entry, with paths made absolute against the project root."""
 
+    #: The model's name in requests, URLs and status: letters, digits, `_`, `.`,
+    #: `-`, at most 64.
     name: str
+    #: The factory: `"file.py:callable"` or `"package.module:callable"`, returning a
+    #: `torch.nn.Module` or any callable; or `"model.pt"`, a TorchScript archive.
     entry: EntryPoint
+    #: A callable returning an example input (a tensor, `str` or list of `str`, or a
+    #: tuple or dict of them): the warm-up and smoke-test input, and the shape requests must have.
     example: EntryPoint
+    #: Files loaded strictly into the module after `build()`: `.safetensors`, or `.pt`, `.pth`,
+    #: `.bin` of `torch.save(model.state_dict())` (read with `weights_only=True`).
     weights: tuple[Path, ...] = ()
-    #: How the weights files' keys map onto the module's (a factory that wraps the model).
+    #: How the weights files' keys map onto the module's, for a factory that wraps the model:
+    #: `"inner."` goes in front of every key, `{ strip = "model.", add = "inner." }` strips first.
     weights_prefix: weights_mod.WeightsPrefix | None = None
+    #: `"auto"` (the first CUDA device torch sees, else the CPU), `"cpu"` or `"cuda:N"`.
+    #: The environment variable `HOTRELOAD_DEVICE` overrides it for every model.
     device: str = "auto"
+    #: Passes over the example before a version serves.
     warmup_iters: int = 3
+    #: Requests waiting for the model at most; past it a request is refused at once
+    #: ("Exceeds maximum queue size").
     max_queue_size: int = 256
+    #: Seconds a request may wait and run before it is answered as timed out (a client's own
+    #: timeout, when shorter, wins).
     request_timeout_s: float = 30.0
     #: How many requests the router keeps in flight inside the worker (pipelining).
     max_inflight: int = 8
+    #: torch intra-op and inter-op threads, set before the first op: a count, or
+    #: `{ intra_op = N, inter_op = N }`. Unset: torch's default (every core).
     threads: Threads | None = None
-    #: CPUs of its own for the serving worker (engine/cpus.py): "auto" (as many as `threads`
-    #: when at least one CPU is left for the rest), "off", or explicit CPU ids.
+    #: CPUs of its own for the serving worker: `"auto"` (as many as `threads`, when at least
+    #: one CPU is left for the rest), `"off"`, or CPU ids (`[3]`, `"2-3"`).
     cpus: str | tuple[int, ...] = "auto"
+    #: Environment variables set in the worker before torch is imported
+    #: (`PYTORCH_CUDA_ALLOC_CONF`, ...): a table of `NAME = "value"`.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Folders (or files) whose edits reload this model, recursively. Default: the folder of
+    #: the entry file (every file under it), or the project root for a module entry.
     watch: tuple[Path, ...] = ()
+    #: Globs, relative to the watched folders, whose edits never reload this model.
     ignore: tuple[str, ...] = ()
+    #: `"availability"` (load the next version beside the old one, then swap), `"resource"`
+    #: (unload first), or `"auto"` (availability when free memory allows).
     policy: str = "auto"
+    #: `"inplace"` (re-import the code in the serving worker) or `"respawn"` (build in another
+    #: worker process and hand over to it).
     strategy: str = "inplace"
     #: Let a reload change the output shape or dtype (smoke rejects it otherwise).
     allow_output_change: bool = False
@@ -125,10 +159,13 @@ class ModelConfig:
     #: the next standby (its models dropped) up to this many times, so no reload pays for a
     #: fresh process and its imports; then a fresh process. 0: always a fresh process.
     recycle: int = 20
-    #: Output signature a user pins: {"shape": [...], "dtype": "float32"}; None = learn it.
+    #: The output signature `hotreload check` expects: `{ shape = [-1, 10], dtype = "float32" }`.
+    #: Unset: the last passing check's.
     expected_output: Mapping[str, Any] | None = None
+    #: Seconds each phase may take: the `[models.deadlines]` table.
     deadlines: Deadlines = field(default_factory=Deadlines)
-    #: Input name -> dimensions, -1 where any size is accepted (config/shapes.py).
+    #: Input dimensions that may vary: `{ input_ids = [-1, -1] }`, -1 where any size is
+    #: accepted. Unset: dimension 0 (the batch) only.
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     #: A causal LM serving the text routes (config/text.py), and its tokenizer folder
     #: (None: the model module's encode/decode).

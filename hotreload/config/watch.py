@@ -11,11 +11,16 @@ from hotreload.config.checker import Checker
 class WatchConfig:
     """File watching: a burst of events is coalesced by a quiet window and a maximum window."""
 
+    #: A burst of file events reloads once this many ms of quiet have passed.
     quiet_ms: int = 100
+    #: ...but never later than this many ms after the first event of the burst.
     max_wait_ms: int = 1500
+    #: Globs ignored for every model, beside editor temp files, `.git`, `__pycache__` and the
+    #: state folder (always ignored).
     ignore: tuple[str, ...] = ()
     #: Poll the file system instead of inotify (WSL2 Windows drives, some bind mounts).
     poll: bool = False
+    #: With `poll = true`: how often the files are looked at.
     poll_interval_ms: int = 500
 
 

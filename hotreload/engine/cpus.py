@@ -5,7 +5,7 @@ drain and retirement) is short, but on a machine with few cores the kernel's sch
 part of it on the core the serving worker is running on, and every request queued behind
 the serving thread then waits for it: measured on 2 cores at 32 clients, the serving
 thread's wait for a CPU went from 0.01 ms to 0.2-0.5 ms per request inside reload windows
-(README, Benchmarks). Pinning the serving worker to CPUs of its own and everything else to
+(docs/benchmarks.md). Pinning the serving worker to CPUs of its own and everything else to
 the rest keeps that work off the serving path, the same isolation `taskset` and `numactl`
 give a production model server.
 

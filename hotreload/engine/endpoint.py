@@ -88,11 +88,8 @@ class Endpoint:
     async def start(self) -> None:
         ensure_private_dir(self.path.parent)
         if self.path.exists():
-            if _socket_answers(self.path):
-                raise HotreloadError(
-                    f"a hotreload session is already serving on {self.path}; stop it first "
-                    "(or use `hotreload status` to see it)"
-                )
+            if socket_answers(self.path):
+                raise AlreadyServingError(self.path)
             self.path.unlink()  # stale socket from a session that crashed
         loop = asyncio.get_running_loop()
         old_umask = os.umask(0o177)  # the socket is created 0600, no window with wider modes
@@ -101,6 +98,11 @@ class Endpoint:
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
+
+    @property
+    def bound(self) -> bool:
+        """This endpoint listens on its socket (start() bound it, close() not yet run)."""
+        return self._server is not None
 
     async def close(self) -> None:
         if self._server is not None:
@@ -244,7 +246,18 @@ def peer_pid(conn: FrameProtocol) -> int | None:
     return pid or None
 
 
-def _socket_answers(path: Path) -> bool:
+class AlreadyServingError(HotreloadError):
+    """Another session answers on this socket: this one must not start (exit 3)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"a hotreload session is already serving on {path}; stop it first "
+            "(or use `hotreload status` to see it)"
+        )
+
+
+def socket_answers(path: Path) -> bool:
+    """Something accepts connections on the Unix socket `path` (a live session)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(1.0)
     try:

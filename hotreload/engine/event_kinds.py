@@ -331,6 +331,8 @@ class ReloadDone(ModelEvent):
     traceback: str | None = None
     #: The content digest of the weights now serving.
     digest: str | None = None
+    #: What requests must send changed: `input [N,3,32,32] → [N,3,64,64]` (None: nothing).
+    inputs_changed: str | None = None
 
 
 @event("reload_failed")

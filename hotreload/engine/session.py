@@ -190,6 +190,12 @@ class Session:
 
     async def stop(self) -> None:
         """Stop intake, drain and stop every worker, remove the socket."""
+        if self.with_endpoint and self._opened and not self.endpoint.bound:
+            # open() failed before the socket was ours (another session serves on it): no
+            # worker started, and the state folder's events are that session's, not ours.
+            self._leave_cpus()
+            self.events.close()
+            return
         self.events.emit(SessionStopping())
         try:
             if self.stats_log is not None:

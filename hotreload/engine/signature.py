@@ -46,6 +46,29 @@ def format_dims(dims: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
+def inputs_change(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> str | None:
+    """`input [N,3,32,32] → [N,3,64,64]` when a reload changed what requests must send (the
+    example's shape or dtype, or the inputs' names), so clients that fail afterwards are no
+    surprise; None when requests that fitted before still fit the same way."""
+
+    def compact(e: Mapping[str, Any]) -> str:
+        return format_dims(dims_of(e)).replace(", ", ",")
+
+    before = {e["name"]: e for e in old}
+    after = {e["name"]: e for e in new}
+    parts: list[str] = []
+    for name, e in after.items():
+        was = before.get(name)
+        if was is None:
+            parts.append(f"{name} added ({e['dtype']}{compact(e)})")
+        elif (was["dtype"], compact(was)) != (e["dtype"], compact(e)):
+            same = was["dtype"] == e["dtype"]
+            old_dt, new_dt = ("", "") if same else (was["dtype"], e["dtype"])
+            parts.append(f"{name} {old_dt}{compact(was)} → {new_dt}{compact(e)}")
+    parts += [f"{name} removed" for name in before if name not in after]
+    return ", ".join(parts) or None
+
+
 def _varies(dims: Sequence[int]) -> str:
     free = [str(i) for i, d in enumerate(dims) if d == -1]
     if not free:

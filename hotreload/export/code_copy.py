@@ -1,7 +1,8 @@
 """The user's code and weights, copied into an exported model's version folder.
 
 File entries (`model.py:build`): the folder holding the entry and example files is copied
-whole (their sibling modules and data files come along) as `1/code/`. Module entries
+(their data files and the sibling modules they import come along; Python files nothing
+imports, such as a client script, are left out) as `1/code/`. Module entries
 (`pkg.model:build`): the top-level package found under the project root is copied into
 `1/code/`; one found nowhere there is an installed package, which Triton's Python must
 have too. Weights outside the copied folder go to `1/weights/`.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, EntryPoint, ModelConfig
+from hotreload.export.imports_closure import unimported_files
 
 #: Folders never copied: tools' caches, environments, hotreload's own state.
 SKIP_DIRS = frozenset(
@@ -65,6 +67,8 @@ class CodeCopy:
     installed: list[str] = field(default_factory=list)
     #: Copied files that import hotreload (a client script, say), relative to code/.
     hotreload_importers: list[str] = field(default_factory=list)
+    #: Python files of the code folder that the model never imports (left out of code/).
+    left_out: list[str] = field(default_factory=list)
 
 
 def _ignore(skip: Iterable[Path]) -> Any:
@@ -130,6 +134,15 @@ def copy_code(config: Config, model: ModelConfig, version_dir: Path, skip: list[
     out = CodeCopy(entry={}, example={}, weights=[])
     if base is not None:
         _copy_tree(base, code, skip, out)
+        # Only what the model imports: a client script beside model.py is not the model's,
+        # and its imports are no requirement of Triton's Python (imports_closure.py).
+        for rel in unimported_files(base, files):
+            copied = code / rel
+            if copied.is_file():
+                out.files -= 1
+                out.nbytes -= copied.stat().st_size
+                copied.unlink()
+                out.left_out.append(rel.as_posix())
     for e in entries:
         if e.module is None:
             continue

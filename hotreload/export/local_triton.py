@@ -6,7 +6,7 @@ triton_python_backend_utils.py and the stub for this Python), the libraries come
 LD_LIBRARY_PATH, and this environment's `bin` goes first on PATH (the stub ignores
 PYTHONPATH and finds its sys.prefix, so torch and numpy, from the `python3` on PATH).
 Used by the tests and benchmarks/triton_side_by_side.py; on a real deployment use NVIDIA's
-container instead (README: Moving to Triton and KServe).
+container instead (docs/exports.md).
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
             "form": probe["form"],
             "inputs": probe["inputs"],
             "outputs": probe["outputs"],
+            "weights_digest": probe.get("digest"),
         }
         (version_dir / EXPORT_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
         if target.exists():
@@ -134,6 +135,12 @@ def export_model(config: Config, model: ModelConfig, out_dir: Path) -> Exported:
         notes.append(
             f"{', '.join(code.installed)} is not under {config.root}: it is imported from the "
             "installed package, which Triton's Python environment must have too"
+        )
+    if code.left_out:
+        notes.append(
+            f"left out {len(code.left_out)} Python file(s) the model does not import: "
+            + ", ".join(code.left_out[:8])
+            + (" ..." if len(code.left_out) > 8 else "")
         )
     if code.hotreload_importers:
         notes.append(
@@ -173,6 +180,11 @@ def describe(e: Exported) -> list[str]:
     ]
     if any(w.startswith("weights/") for w in e.code.weights):
         lines.append("  1/weights/                 the weights files outside the code folder")
+    if e.code.weights:
+        lines.append(
+            f"  weights                    {', '.join(e.code.weights)}: the files' weights, "
+            f"digest {e.probe.get('digest') or 'unknown'}"
+        )
     params = e.probe.get("parameters") or []
     if params or e.probe.get("any_parameters"):
         lines.append(

@@ -94,6 +94,18 @@ class ResetDialog(ModalScreen[None]):
 
 
 HELP = """\
+[b]Keys[/b]  (escape, ? or q closes this help)
+  ↑ ↓      select a model (Queue, Latency, Memory follow)
+  tab      next table
+  r / R    reload the selected model / every model
+  w        re-run the selected model's warm-up
+  p        pause or resume the file watcher
+  x        reset the GPU (explains it; only where allowed)
+  l        start or stop the demo load (a few hundred req/s)
+  ?        this help
+  q        quit: under `hotreload watch`, drain and stop every
+           worker; a `hotreload dashboard` only detaches
+
 [b]Panels[/b]
   Models   version, state, policy/strategy, device, last reload
   Queue    waiting now / limit, 2-minute sparkline, rejected,
@@ -105,18 +117,6 @@ HELP = """\
   Reloads  one row per reload, newest first; the selected one is
            detailed below, with error and traceback if it failed
   Xid      GPU errors (NVML, kernel log); critical ones in red
-
-[b]Keys[/b]
-  ↑ ↓      select a model (Queue, Latency, Memory follow)
-  tab      next table
-  r / R    reload the selected model / every model
-  w        re-run the selected model's warm-up
-  p        pause or resume the file watcher
-  x        reset the GPU (explains it; only where allowed)
-  l        start or stop the demo load (a few hundred req/s)
-  ?        this help
-  q        quit: under `hotreload watch`, drain and stop every
-           worker; a `hotreload dashboard` only detaches
 """
 
 
@@ -127,8 +127,10 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
+            # Keys first, the way to close in their title: at 80x24 the panels part is
+            # below the fold (it scrolls), the keys and how to leave are not.
             yield Static(HELP)
-            yield Static(Text("escape to close", "dim"))
+            yield Static(Text("escape, ? or q to close", "dim"))
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,6 +15,9 @@ from hotreload.engine.telemetry import describe_xid_sources
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
 from hotreload.tui.state import DashboardState, LiveReload
+from hotreload.tui.traceback_view import PACKAGE_DIR, is_hotreload_frame, user_traceback
+
+__all__ = ["PACKAGE_DIR", "is_hotreload_frame", "user_traceback"]
 
 MIB = 2**20
 GIB = 2**30
@@ -353,37 +355,6 @@ def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -
     if o.traceback:
         t.append("\n" + user_traceback(o.traceback), "dim")
     return t
-
-
-#: hotreload's installed package folder. Frames are hidden by this path, never by a folder
-#: name: a project cloned into a folder called `hotreload` keeps its own frames.
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def is_hotreload_frame(filename: str) -> bool:
-    """Whether a traceback frame's file belongs to hotreload itself (or importlib)."""
-    if filename.startswith("<frozen importlib"):
-        return True
-    return os.path.isabs(filename) and os.path.normpath(filename).startswith(PACKAGE_DIR)
-
-
-def user_traceback(tb: str) -> str:
-    """The traceback without hotreload's own frames: what is left points at the user's code."""
-    lines = tb.rstrip().splitlines()
-    out: list[str] = []
-    hidden = 0
-    skipping = False
-    for line in lines:
-        if line.startswith('  File "'):
-            skipping = is_hotreload_frame(line.split('"')[1])
-            hidden += skipping
-        elif not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            out.append(line)
-    if hidden and len(out) > 1:
-        out.insert(1, f"  ({hidden} hotreload frame(s) hidden)")
-    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------- xids

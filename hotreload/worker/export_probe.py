@@ -47,7 +47,12 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
     for i, blob in enumerate(blobs):
         (warmup_dir / warmup_file(i)).write_bytes(bytes(blob))
     names, any_kw = accepted_parameters(mv.model)
+    # Which weights went out: the same content digest serving shows (status, answers).
+    digest = mv.digest
+    if digest is None and mv.digest_future is not None:
+        digest = mv.digest_future.result(timeout=600)
     return {
+        "digest": digest,
         "ok": True,
         "form": mv.example_form,
         "inputs": mv.input_signature,

@@ -21,6 +21,8 @@ def worker_status(w: Any) -> dict[str, Any]:
         "version": w.current.version if w.current else None,
         "current": w.current.describe() if w.current else None,
         "staged": w.staged.version if w.staged else None,
+        # Read while the loader thread warms it up: the manager's progress and deadline lines.
+        "staged_warm_passes_ms": list(w.staged.warm_passes_ms) if w.staged else None,
         "rss_bytes": mem.rss,
         "served": w.served,
         "failed": w.failed,

@@ -161,3 +161,70 @@ def test_a_running_phase_and_a_long_load_show_their_elapsed_time() -> None:
     state.on_event({"kind": "phase_start", "model": m["name"], "phase": "load", "ts": 100.0})
     assert str(reload_rows(state, str, now=103.4)[0][2]) == "running load 3 s…"
     assert str(reload_rows(state, str, now=109.6)[0][2]) == "running load 10 s…"
+
+
+def test_traceback_shows_the_users_innermost_frame_first_and_folds_torch(tmp_path) -> None:
+    """A forward that fails three modules deep: torch's module.py frames come between the
+    user's; the detail starts with the user's raising line and the error, above the fold."""
+    import traceback
+
+    import torch  # noqa: F401 - the model file imports it
+
+    model = tmp_path / "model.py"
+    model.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "\n"
+        "class Block(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x @ torch.zeros(4, 2)  # line 6: the user's mistake\n"
+        "\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.body = nn.Sequential(nn.Identity(), Block())\n"
+        "    def forward(self, x):\n"
+        "        return self.body(x)\n"
+        "\n"
+        "def run():\n"
+        "    return Net()(torch.zeros(1, 3))\n"
+    )
+    namespace: dict = {}
+    exec(compile(model.read_text(), str(model), "exec"), namespace)
+    try:
+        namespace["run"]()
+    except RuntimeError:
+        tb = traceback.format_exc()
+    assert "nn/modules/module.py" in tb  # what the fold is about
+    out = user_traceback(tb).splitlines()
+    assert out[0] == "your code, innermost:"
+    assert out[1] == f'  File "{model}", line 6, in forward'
+    assert any(line.startswith("RuntimeError:") for line in out[2:5]), out[:6]
+    folded = [line for line in out if "library frame(s) folded" in line]
+    assert folded and "torch/nn/modules/module.py" in folded[0]
+    assert not any('modules/module.py", line' in line for line in out), out
+
+
+def test_help_at_80x24_shows_every_key_and_how_to_close_it() -> None:
+    import asyncio
+
+    async def main() -> None:
+        from hotreload.tui.app import build_app
+        from tests.scripted_source import ScriptedSource, cpu_scenario
+
+        samples, state = cpu_scenario()
+        app = build_app(ScriptedSource(samples), state=state)
+        app.animation_level = "none"
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.wait_for_first_sample(10)  # type: ignore[attr-defined]
+            await pilot.press("question_mark")
+            await pilot.pause()
+            shown = app.export_screenshot()
+            for key in ("r / R", "x        reset", "l        start", "q        quit"):
+                assert key.replace(" ", "&#160;") in shown or key in shown, key
+            assert "closes&#160;this&#160;help" in shown or "closes this help" in shown
+            await pilot.press("escape")
+            await pilot.pause()
+            assert "closes" not in app.export_screenshot()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 from hotreload.config import ModelConfig
 from hotreload.config.models import Deadlines
 from hotreload.engine.checkpoint_ready import wait_until_complete
-from hotreload.engine.event_kinds import CheckpointWait, PhaseEnd, PhaseStart
+from hotreload.engine.event_kinds import CheckpointWait, ModelNote, PhaseEnd, PhaseStart
 from hotreload.engine.events import EventBus
 from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
 from hotreload.engine.model.pushes import Overlay, WeightsBlock, adopt_block, plan_weights
@@ -31,6 +31,7 @@ from hotreload.engine.model.record import ModelRecord, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.snapshots import code_paths
+from hotreload.engine.warm_progress import WarmDeadlineError, wait_for_warm
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
 from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 
@@ -144,6 +145,8 @@ class BuildSpec:
     warm_state: str | None = None
     #: True while another worker is serving requests (a build elsewhere then paces itself).
     serving_busy: Callable[[], bool] = lambda: False
+    #: Says a line about the build as it runs (a long warm-up's progress).
+    say: Callable[[str], None] = lambda message: None
 
 
 async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> VersionInfo:
@@ -198,9 +201,15 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
 
     async def warm() -> dict[str, Any]:
-        wire = await worker.request(
+        reply = worker.request(
             WorkerOp.WARM, None, target="staged", iters=spec.model.warmup_iters, **pace()
         )
+        try:  # progress lines while it runs; past warm_s, what to change (warm_progress.py)
+            wire = await wait_for_warm(
+                worker, reply, deadline_s=d.warm_s, iters=spec.model.warmup_iters, say=spec.say
+            )
+        except WarmDeadlineError as exc:
+            raise PhaseFailed("warm", str(exc)) from None
         r = WarmReply.from_wire(wire)
         info.warm_s, info.warm_passes_ms = r.warm_s, r.passes_ms
         passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
@@ -221,7 +230,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         return {"detail": sig + paced(r)}
 
     await run("load", load, deadline_s=d.load_s, state=spec.load_state)
-    await run("warm", warm, deadline_s=d.warm_s, state=spec.warm_state)
+    await run("warm", warm, deadline_s=d.warm_s + 5, state=spec.warm_state)  # a backstop
     await run("smoke", smoke, deadline_s=d.smoke_s)
     return info
 
@@ -405,6 +414,7 @@ def make_spec(
     mode: str,
     job: Any = None,
     push: Overlay | None = None,
+    events: EventBus | None = None,
 ) -> BuildSpec:
     """What the next build needs from a model's record. `mode`: "start", "restart", "cold"
     or "reload"; `job`: the reload (jobs.ReloadJob) whose build takes the user's code from
@@ -444,4 +454,11 @@ def make_spec(
         load_state=load_state,
         warm_state=warm_state,
         serving_busy=serving_busy,
+        say=(lambda m: events.emit(ModelNote(model=model.name, message=m)))
+        if events
+        else say_nothing,
     )
+
+
+def say_nothing(message: str) -> None:
+    """A build nobody is told about."""

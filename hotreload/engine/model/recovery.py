@@ -146,7 +146,7 @@ class Recovery:
     async def restart(self, reason: str, *, wedged: bool = False) -> None:
         """Replace a dead or wedged worker with a fresh one serving the same version."""
         st = self.st
-        spec = make_spec(st.model, self.root, st.record, st.router, "restart")
+        spec = make_spec(st.model, self.root, st.record, st.router, "restart", events=st.events)
         await restart(
             st,
             self.workers,

@@ -35,7 +35,7 @@ from hotreload.engine.model.phases import PhaseClock, RunPhase
 from hotreload.engine.model.record import ModelRecord, ModelView, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
-from hotreload.engine.signature import describe_dynamic
+from hotreload.engine.signature import describe_dynamic, inputs_change
 from hotreload.engine.snapshots import Snapshot
 from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.errors import ClientError, WorkerUnavailableError
@@ -187,8 +187,11 @@ class ModelState:
     def count_restart(self) -> None:
         self.record.restarts += 1
 
-    def finish(self, outcome: ReloadOutcome, started: float) -> ReloadOutcome:
-        """A reload or push is over: its outcome into the history and the event stream."""
+    def finish(
+        self, outcome: ReloadOutcome, started: float, inputs_before: list[Any] | None = None
+    ) -> ReloadOutcome:
+        """A reload or push is over: its outcome into the history and the event stream
+        (with what requests must now send, when the reload changed the inputs)."""
         outcome.total_s = time.monotonic() - started
         self.record.last_error = outcome.error if not outcome.ok else None
         self.record.history.append(outcome)
@@ -206,7 +209,11 @@ class ModelState:
             "traceback": outcome.traceback,
             "digest": current.digest if current else None,
         }
-        self.events.emit(ReloadDone(**fields) if outcome.ok else ReloadFailed(**fields))
+        if not outcome.ok:
+            self.events.emit(ReloadFailed(**fields))
+            return outcome
+        change = inputs_change(inputs_before, current.inputs) if inputs_before and current else None
+        self.events.emit(ReloadDone(**fields, inputs_changed=change))
         return outcome
 
     def serve_on(self) -> None:

@@ -296,6 +296,7 @@ class ModelSupervisor:
             strategy=self.strategy.name,
         )  # fmt: skip
         run = st.runner(outcome)
+        inputs_before = list(rec.current.inputs) if rec.current else None
         try:
             async with st.device_lock(self.locks, outcome):
                 old, candidate = rec.serving, None
@@ -330,7 +331,7 @@ class ModelSupervisor:
             outcome = self._bug(job.trigger, job.detail, exc)
         finally:
             st.job_done()
-        return self.st.finish(outcome, started)
+        return self.st.finish(outcome, started, inputs_before)
 
     async def _build_and_swap(
         self,
@@ -454,7 +455,8 @@ class ModelSupervisor:
             await self.standby.keep(retired.standby, retired.recycled, after="serving")
 
     def _spec(self, mode: str, *, job: Any = None, push: Any = None) -> BuildSpec:
-        return make_spec(self.model, self.config.root, self.record, self.router, mode, job, push)
+        root, rec = self.config.root, self.record
+        return make_spec(self.model, root, rec, self.router, mode, job, push, self.events)
 
     # ------------------------------------------------------------------ stop
 

@@ -1,0 +1,136 @@
+"""The README and the docs site say what the code does: the generated configuration page is
+the code's, the README's model and commands run, its links lead somewhere.
+
+`scripts/test.sh` also builds the site with `mkdocs build --strict` (broken links, pages
+missing from nav); these tests check what a build cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hotreload.config import models
+from hotreload.config.reference import field_comments, render_reference
+from tests.support import REPO, ServeProcess
+
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def test_configuration_page_is_what_the_generator_writes() -> None:
+    committed = (DOCS / "configuration.md").read_text()
+    assert committed == render_reference(), (
+        "docs/configuration.md is out of date: run "
+        "`.venv/bin/python -m hotreload.config.reference docs/configuration.md`"
+    )
+
+
+def test_every_model_key_has_a_description_in_the_reference() -> None:
+    comments = field_comments(models.ModelConfig)
+    assert set(models.MODEL_KEYS) <= set(comments)
+    page = render_reference()
+    for key in models.MODEL_KEYS:
+        assert f"| `{key}` |" in page
+
+
+def test_readme_is_a_front_door_and_its_links_lead_somewhere() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert (REPO / target).exists(), f"README links to {target}, which does not exist"
+    # The two set-up commands, and .ci/run calls the second.
+    assert "./scripts/demo.sh" in text and "./scripts/test.sh" in text
+    assert "exec ./scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_minimal_model_passes_check(tmp_path: Path) -> None:
+    """The README's model.py and hotreload.toml, as shown, through `hotreload check`."""
+    text = README.read_text()
+    model = next(b for b in _blocks(text, "python") if b.startswith("# model.py"))
+    toml = next(b for b in _blocks(text, "toml") if b.startswith("# hotreload.toml"))
+    (tmp_path / "model.py").write_text(model)
+    (tmp_path / "hotreload.toml").write_text(toml)
+    out = subprocess.run(
+        [sys.executable, "-m", "hotreload", "check", "--reloads", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    # What the README's shown output claims.
+    assert "tiny on cpu (availability, inplace)" in out.stdout
+    assert "outputs finite: output float32[1, 2]" in out.stdout
+    assert "hotreload check: PASS" in out.stdout
+
+
+def _bootstrapped() -> bool:
+    """demo.sh runs bootstrap.sh first; only where it has nothing to install (as after
+    scripts/test.sh) may a test run it, or it would spend a minute in pip."""
+    import hashlib
+
+    want = hashlib.sha256(
+        (REPO / "requirements-ci.txt").read_bytes() + (REPO / "pyproject.toml").read_bytes()
+    ).hexdigest()
+    stamp = REPO / ".venv" / ".hotreload-deps"
+    return stamp.is_file() and stamp.read_text().strip() == want
+
+
+class _Demo(ServeProcess):
+    """`./scripts/demo.sh --no-tui` as the README shows it (plain lines: no terminal)."""
+
+    def __init__(self) -> None:
+        self.config = REPO / "examples" / "mlp" / "hotreload.toml"
+        self.proc = subprocess.Popen(
+            ["./scripts/demo.sh", "--no-tui"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            start_new_session=True,
+        )
+        import threading
+
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+
+def test_getting_started_commands_run_against_the_demo() -> None:
+    """The demo, then the three commands the getting-started page runs beside it."""
+    if not _bootstrapped():
+        pytest.skip("scripts/bootstrap.sh would install first (run scripts/test.sh)")
+    venv = REPO / ".venv" / "bin"
+    config = "examples/mlp/hotreload.toml"
+    status = [str(venv / "hotreload"), "status", "--config", config]
+    if subprocess.run(status, cwd=REPO, capture_output=True, timeout=60).returncode == 0:
+        pytest.skip("a session already serves the example (a demo running here?)")
+    page = (DOCS / "getting-started.md").read_text()
+    shown = [
+        line.split("#")[0].split()
+        for block in _blocks(page, "sh")
+        for line in block.splitlines()
+        if line.startswith(".venv/bin/") and "examples/mlp" in line and "make_weights" not in line
+    ]
+    assert len(shown) == 3, shown
+    demo = _Demo()
+    try:
+        demo.wait_ready(timeout=90)
+        for cmd in shown:
+            out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
+            assert out.returncode == 0, f"{cmd}: {out.stdout}{out.stderr}"
+            if "client.py" in cmd[1]:
+                assert out.stdout.startswith("v1 ")
+    finally:
+        demo.close()
