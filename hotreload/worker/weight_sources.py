@@ -24,7 +24,7 @@ from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
 from hotreload.worker.shared_weights import SharedBlock, map_block
-from hotreload.worker.weights import _problems, load_weights, tied_groups
+from hotreload.worker.weights import _problems, apply_prefix, load_weights, tied_groups
 
 
 @dataclass
@@ -87,13 +87,30 @@ def _mappable(
         return {}, str(exc)
 
 
-def _overlay_state(
-    model: torch.nn.Module, overlay: Mapping[str, Any], device: torch.device
+def _pushed_names(
+    pushed: dict[str, torch.Tensor], prefix: Mapping[str, str] | None, own: Mapping[str, Any]
 ) -> dict[str, torch.Tensor]:
-    """One push, read and checked against the module: every name known, every shape equal,
-    and with `strict` every weight present. Dtypes follow the module's (as a load does)."""
-    pushed = read_state(overlay["state"], device)
+    """The pushed tensors under the module's names: `weights_prefix` maps a push's names as
+    it maps a file's keys (a trainer pushes the state of the model it trains, which the
+    factory may wrap). A name the module has as it is stays as it is: a trainer that added
+    the prefix itself, as it had to before, is not broken by the mapping."""
+    if not prefix:
+        return pushed
+    mapping = apply_prefix(pushed, prefix)
+    return {(k if k in own and mapping[k] not in own else mapping[k]): t for k, t in pushed.items()}
+
+
+def _overlay_state(
+    model: torch.nn.Module,
+    overlay: Mapping[str, Any],
+    device: torch.device,
+    prefix: Mapping[str, str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """One push, read and checked against the module: every name known (after
+    `weights_prefix`), every shape equal, and with `strict` every weight present. Dtypes
+    follow the module's (as a load does)."""
     own = model.state_dict(keep_vars=True)
+    pushed = _pushed_names(read_state(overlay["state"], device), prefix, own)
     ties = tied_groups(model)
     missing, unexpected = _problems(set(own), set(pushed), ties)
     if unexpected:
@@ -166,7 +183,7 @@ def place_weights(
     for overlay in overlays:
         if int(overlay["id"]) in base_overlays:
             continue
-        state.update(_overlay_state(model, overlay, device))
+        state.update(_overlay_state(model, overlay, device, prefix))
         applied.append(int(overlay["id"]))
         step_done()
     if state:
