@@ -237,12 +237,14 @@ class Client:
             model, state, baseline, strict=strict, full=full, timeout_s=timeout_s,
             copy_cuda=not wait,
         )  # fmt: skip
-        lane.submit(entry)
+        now = lane.submit(entry)
         handle = entry.handle
         if not wait:
-            # Handed over: sent, or waiting as the pending push. A request that could not
-            # be sent at all (no session) is said here, not only on the handle.
-            handle._sent.wait(None if timeout_s is None else timeout_s + 5.0)
+            if not now:
+                return handle  # the pending push: handed over, sent when the one before ends
+            # Sent before this returns; a request that could not be sent at all (no
+            # session) is said here, not only on the handle.
+            handle._handed.wait(None if timeout_s is None else timeout_s + 5.0)
             if handle.done() and handle.superseded_by is None:
                 handle.result(0)  # raises its error
             return handle

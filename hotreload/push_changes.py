@@ -93,13 +93,13 @@ class PushPlan:
     """What one push sends, and what it will hold once it serves."""
 
     #: The tensors to pack (all of the state, or those that changed).
-    send: dict[str, Any]
+    send: dict[str, Any] = field(repr=False)
     #: The strict flag on the wire: False for a delta (the base covers the rest).
     strict: bool
     #: The digest the delta goes on top of (None: a whole state, on top of anything).
     base_digest: str | None
     #: The marks of every tensor of the state, taken before packing.
-    marks: dict[str, Mark | None]
+    marks: dict[str, Mark | None] = field(repr=False)
     #: The caller's strict, for the baseline this push makes.
     asked_strict: bool
     skipped: int = 0

@@ -44,7 +44,9 @@ class PushHandle:
         self.sent_bytes = sent_bytes
         self.superseded_by: PushHandle | None = None
         self._future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        self._sent = threading.Event()
+        self._was_sent = False
+        #: Set once the request is written, or the push ended before it could be.
+        self._handed = threading.Event()
 
     def done(self) -> bool:
         """Has the push served, failed or been superseded?"""
@@ -67,7 +69,11 @@ class PushHandle:
     @property
     def sent(self) -> bool:
         """Has the request left the client (False while it waits as the pending push)?"""
-        return self._sent.is_set()
+        return self._was_sent
+
+    def _mark_sent(self) -> None:
+        self._was_sent = True
+        self._handed.set()
 
     def __repr__(self) -> str:
         if not self.done():
@@ -86,7 +92,7 @@ class PushHandle:
 
     # What the lane does with it.
     def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> None:
-        self._sent.set()  # wakes a caller waiting for the hand-over, whatever happened
+        self._handed.set()  # wakes a caller waiting for the hand-over, whatever happened
         if self._future.done():
             return
         if error is not None:
@@ -240,11 +246,14 @@ class ThreadLane(_LaneState):
         super().__init__(model)
         self._call = call
 
-    def submit(self, entry: PushEntry) -> None:
-        if self.offer(entry):
-            threading.Thread(
-                target=self._run, args=(entry,), name=f"hotreload-push-{self.model}", daemon=True
-            ).start()
+    def submit(self, entry: PushEntry) -> bool:
+        """Send `entry` now (True), or keep it as the pending push (False)."""
+        if not self.offer(entry):
+            return False
+        threading.Thread(
+            target=self._run, args=(entry,), name=f"hotreload-push-{self.model}", daemon=True
+        ).start()
+        return True
 
     def _run(self, entry: PushEntry | None) -> None:
         while entry is not None:
@@ -254,7 +263,7 @@ class ThreadLane(_LaneState):
         try:
             with self.lock:
                 header = entry.header(self.baseline)
-            frame = self._call(header, timeout_s=entry.timeout_s, on_sent=entry.handle._sent.set)
+            frame = self._call(header, timeout_s=entry.timeout_s, on_sent=entry.handle._mark_sent)
             return _outcome(entry, frame)
         except BaseException as exc:
             if not entry.handle.sent:
@@ -286,7 +295,7 @@ class AsyncLane(_LaneState):
             with self.lock:
                 header = entry.header(self.baseline)
             wait = None if entry.timeout_s is None else entry.timeout_s + 5.0
-            frame = await self._call(header, timeout_s=wait, on_sent=entry.handle._sent.set)
+            frame = await self._call(header, timeout_s=wait, on_sent=entry.handle._mark_sent)
             return _outcome(entry, frame)
         except BaseException as exc:  # CancelledError too: the handle must settle
             if not entry.handle.sent:
