@@ -220,9 +220,10 @@ class Client:
         of `model`; returns `{"version": v, "digest": "sha256:...", ...}` once it serves.
 
         The tensors do not cross the socket: CPU ones are written once into a sealed memfd,
-        CUDA ones go by IPC handle (same machine, a GPU both see). Only the tensors changed
-        since the push that made the serving weights are sent (torch's in-place version
-        counter tells; `full=True` sends all, for a trainer that writes through `.data`).
+        CUDA ones go by IPC handle (same machine, a GPU both see). Frozen parameters
+        unchanged since the push that made the serving weights are not sent (torch's
+        in-place version counter tells; pass `model.state_dict(keep_vars=True)`, where
+        they show as frozen; `full=True` sends all): a LoRA push costs its adapter.
         Names are the model's, or the names of its weights files: `weights_prefix` applies.
         `strict`: every parameter of the model must be in `state`, and nothing else.
 

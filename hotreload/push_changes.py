@@ -1,19 +1,24 @@
 """Which tensors of a pushed state changed since the push that made the serving weights.
 
 A trainer that freezes most of its model (a LoRA fine-tune, a frozen encoder) pushes a
-state of which only a few tensors moved. They are found without reading a byte: torch
-counts every in-place write to a tensor in its version counter (`t._version`: an
-optimizer's step, `copy_`, `load_state_dict`), and a tensor whose storage is the one
-pushed last time, seen the same way (offset, shape, strides, dtype), with the same count,
-holds the bytes that push sent. The storage is compared by identity (a weak reference to
-torch's storage object, which torch keeps for as long as the storage lives) as well as by
-address, so memory freed and handed to a new tensor at the same address is not mistaken
-for the old one.
+state of which only a few tensors moved. They are found without reading a byte: a frozen
+parameter (an `nn.Parameter` with `requires_grad=False`) whose storage is the one pushed
+last time, seen the same way (offset, shape, strides, dtype), with the same in-place
+version counter (`t._version`, which `copy_`, `load_state_dict` and other in-place writes
+bump), holds the bytes that push sent. The storage is compared by identity (a weak
+reference to torch's storage object, which torch keeps for as long as the storage lives)
+as well as by address, so memory freed and handed to a new tensor at the same address is
+not mistaken for the old one.
 
-What this cannot see, and sends again or misses:
-- numpy arrays and inference-mode tensors have no version counter: always sent;
-- a write through `param.data` (`p.data.copy_(x)`) bumps the counter of the temporary
-  `.data` tensor, not the parameter's: such a trainer must push with `full=True`.
+Only frozen parameters are ever skipped, because the version counter cannot be trusted for
+the others: torch's fused optimizers (`AdamW(fused=True)`, the Hugging Face Trainer's
+default `adamw_torch_fused`) write parameters without bumping it (measured on torch 2.13:
+`_version` unchanged across `step()`). A parameter that requires grad is trained, so it is
+sent. Which tensors are parameters, and frozen, shows only in `state_dict(keep_vars=True)`:
+a plain `state_dict()` detaches every tensor, so such a push is sent whole (safe, not
+small). Never skipped either: buffers, numpy arrays, inference-mode tensors. A frozen
+parameter written through `.data` (`p.data.copy_(x)`: the counter of the temporary `.data`
+tensor moves, not the parameter's) needs `full=True`.
 
 The session keeps every push since the weights files last changed and lays them in order
 over the files' weights (engine/model/pushes.py), so a push of the changed tensors alone
@@ -26,6 +31,7 @@ No torch import: tensors are read by duck typing, as protocol/shared_state.py do
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,10 +58,16 @@ class Mark:
         return old is not None and old is now.storage() and now.view == self.view
 
 
+def _frozen_parameter(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+    return parameter is not None and isinstance(value, parameter) and not value.requires_grad
+
+
 def mark_of(value: Any) -> Mark | None:
-    """The mark of a torch tensor; None for a value whose changes cannot be seen (a numpy
-    array, an inference-mode tensor: no version counter)."""
-    if isinstance(value, np.ndarray) or not hasattr(value, "untyped_storage"):
+    """The mark of a frozen parameter; None for a value that is sent every time (anything
+    else: see the module docstring)."""
+    if isinstance(value, np.ndarray) or not _frozen_parameter(value):
         return None
     try:
         version = int(value._version)

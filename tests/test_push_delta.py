@@ -112,11 +112,11 @@ def test_a_lora_push_costs_the_adapter_and_speaks_the_trainers_names(tmp_path: P
     adapter_bytes = (trainer_side.a.numel() + trainer_side.b.numel()) * 4
     with Client(config=config, timeout_s=120) as client:
         _train(trainer_side, 3, seed=1)
-        first = client.update_weights("lora", trainer_side.state_dict(), wait=False)
+        first = client.update_weights("lora", trainer_side.state_dict(keep_vars=True), wait=False)
         served = first.result(120)
         assert first.sent_bytes >= base_bytes + adapter_bytes  # nothing pushed yet: all
         _train(trainer_side, 3, seed=2)
-        second = client.update_weights("lora", trainer_side.state_dict(), wait=False)
+        second = client.update_weights("lora", trainer_side.state_dict(keep_vars=True), wait=False)
         reply = second.result(120)
         # The adapter's bytes alone (each tensor at a 64-byte boundary), whatever the base.
         assert (second.sent_tensors, second.skipped_tensors) == (2, 1)
@@ -130,6 +130,7 @@ def test_a_lora_push_costs_the_adapter_and_speaks_the_trainers_names(tmp_path: P
         safetensors.torch.save_file(other, str(folder / "base.safetensors"))
         assert client.reload("lora", timeout_s=120)["outcomes"][0]["ok"]
         _train(trainer_side, 2, seed=3)
-        again = client.update_weights("lora", trainer_side.state_dict(), timeout_s=120)
+        state = trainer_side.state_dict(keep_vars=True)
+        again = client.update_weights("lora", state, timeout_s=120)
         _answer_matches(client, trainer_side, again["version"], again["digest"])
     assert count_events(config, "reload_done", trigger="push") == 3

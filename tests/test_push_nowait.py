@@ -123,19 +123,23 @@ def test_pushes_made_while_one_builds_collapse_into_the_newest(fake: Any) -> Non
     assert torch.equal(pushes.states[1]["0.weight"], torch.full((16, 8), 3.0))
 
 
-def test_only_tensors_changed_since_the_served_push_travel(fake: Any) -> None:
+def test_only_frozen_parameters_unchanged_since_the_served_push_stay_behind(fake: Any) -> None:
     pushes = Pushes()
     path = fake(pushes)
     model = _model()
     model[0].requires_grad_(False)  # frozen: never written again
-    opt = torch.optim.SGD(model[1].parameters(), lr=0.1)
-    table = np.arange(6, dtype=np.int64)  # no version counter: always sent
+    opt = torch.optim.AdamW(model[1].parameters(), lr=0.1, fused=True)  # bumps no _version
+    table = np.arange(6, dtype=np.int64)
+
+    def state() -> dict[str, Any]:
+        return {**model.state_dict(keep_vars=True), "t": table}
+
     with Client(socket_path=path) as client:
-        first = client.update_weights("m", {**model.state_dict(), "t": table}, wait=False)
+        first = client.update_weights("m", state(), wait=False)
         assert first.result(30)["version"] == 1 and first.sent_tensors == 5
         model(torch.randn(3, 8)).sum().backward()
         opt.step()
-        second = client.update_weights("m", {**model.state_dict(), "t": table}, wait=False)
+        second = client.update_weights("m", state(), wait=False)
         assert second.result(30)["version"] == 2
         assert (second.sent_tensors, second.skipped_tensors) == (3, 2)
         assert sorted(pushes.states[1]) == ["1.bias", "1.weight", "t"]
@@ -144,35 +148,48 @@ def test_only_tensors_changed_since_the_served_push_travel(fake: Any) -> None:
         # of the weights the first push made.
         assert h["strict"] is False and h["base_digest"] == first.result()["digest"]
         torch.testing.assert_close(pushes.states[1]["1.weight"], model[1].weight.detach())
-        # A tensor replaced by a new one, even with equal values, is sent again.
-        model[0].weight = torch.nn.Parameter(model[0].weight.detach().clone())
-        third = client.update_weights("m", {**model.state_dict(), "t": table})
-        assert third["version"] == 3 and sorted(pushes.states[2]) == ["0.weight", "t"]
-        # full=True sends everything (a trainer that writes through `.data`).
-        client.update_weights("m", {**model.state_dict(), "t": table}, full=True)
-        assert len(pushes.states[3]) == 5 and "base_digest" not in pushes.headers[3]
+        # A frozen tensor written in place, or replaced by a new one (equal values), goes.
+        with torch.no_grad():
+            model[0].bias.mul_(1.0)
+        model[0].weight = torch.nn.Parameter(model[0].weight.detach().clone(), False)
+        third = client.update_weights("m", state())
+        assert third["version"] == 3
+        assert sorted(pushes.states[2]) == ["0.bias", "0.weight", "1.bias", "1.weight", "t"]
+        client.update_weights("m", state())
+        assert sorted(pushes.states[3]) == ["1.bias", "1.weight", "t"]
+        # full=True sends everything (a trainer that writes through `.data`); so does a
+        # plain state_dict(): detached, no tensor shows it is frozen.
+        client.update_weights("m", state(), full=True)
+        assert len(pushes.states[4]) == 5 and "base_digest" not in pushes.headers[4]
+        client.update_weights("m", model.state_dict())
+        assert len(pushes.states[5]) == 4 and "base_digest" not in pushes.headers[5]
 
 
 def test_a_delta_over_weights_that_no_longer_serve_is_sent_whole(fake: Any) -> None:
     pushes = Pushes()
     path = fake(pushes)
     model = _model()
+    model[0].requires_grad_(False)
+
+    def state() -> dict[str, Any]:
+        return model.state_dict(keep_vars=True)
+
     with Client(socket_path=path) as client:
-        client.update_weights("m", model.state_dict())
+        client.update_weights("m", state())
         with torch.no_grad():
             model[1].bias.add_(1.0)
         pushes.stale = True  # as after the weights files changed
         # Waited for: sent again whole, at once (the caller's tensors did not move).
-        assert client.update_weights("m", model.state_dict())["version"] == 2
+        assert client.update_weights("m", state())["version"] == 2
         assert len(pushes.states[1]) == 4 and len(pushes.headers) == 3
         with torch.no_grad():
             model[1].bias.add_(1.0)
         pushes.stale = True
         # Not waited for: the handle says so, and the next push goes whole.
-        handle = client.update_weights("m", model.state_dict(), wait=False)
+        handle = client.update_weights("m", state(), wait=False)
         with pytest.raises(StaleBaseError, match="other weights serve"):
             handle.result(30)
-        client.update_weights("m", model.state_dict(), wait=False).result(30)
+        client.update_weights("m", state(), wait=False).result(30)
         assert len(pushes.states[2]) == 4 and "base_digest" not in pushes.headers[-1]
 
 
