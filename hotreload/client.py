@@ -246,8 +246,8 @@ class Client:
             # Sent before this returns; a request that could not be sent at all (no
             # session) is said here, not only on the handle.
             handle._handed.wait(None if timeout_s is None else timeout_s + 5.0)
-            if handle.done() and handle.superseded_by is None:
-                handle.result(0)  # raises its error
+            if handle.done() and not handle.sent and handle.superseded_by is None:
+                handle.result(0)  # raises why it could not be sent
             return handle
         try:
             return handle.result()
