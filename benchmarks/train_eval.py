@@ -1007,7 +1007,7 @@ def main() -> int:
         if args.skip != "3":
             import train_eval_hf  # transformers and accelerate: only for this part
 
-            train_eval_hf.run(argparse.Namespace(steps=args.hf_steps, push_every=20))
+            train_eval_hf.run(argparse.Namespace(steps=args.hf_steps, push_every=20, no_move=False))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n(run took {time.perf_counter() - started:.0f} s)")

@@ -259,7 +259,7 @@ class Client:
         with self._all_lock:
             lane = self._lanes.get(model)
             if lane is None:
-                lane = self._lanes[model] = ThreadLane(model, self.call)
+                lane = self._lanes[model] = ThreadLane(model, self.call, self._drop_conn)
             return lane
 
     def wait_version(

@@ -242,9 +242,13 @@ class ThreadLane(_LaneState):
     """A lane for the blocking `Client`: a thread sends each push and waits for its reply
     (on a connection of its own), then sends the pending one, and ends when none is left."""
 
-    def __init__(self, model: str | None, call: Callable[..., Frame]) -> None:
+    def __init__(
+        self, model: str | None, call: Callable[..., Frame], done: Callable[[], None]
+    ) -> None:
         super().__init__(model)
         self._call = call
+        #: Closes the thread's own connection as it ends (one thread per busy spell).
+        self._done = done
 
     def submit(self, entry: PushEntry) -> bool:
         """Send `entry` now (True), or keep it as the pending push (False)."""
@@ -256,8 +260,11 @@ class ThreadLane(_LaneState):
         return True
 
     def _run(self, entry: PushEntry | None) -> None:
-        while entry is not None:
-            entry = self.finished(entry, *self._send(entry))
+        try:
+            while entry is not None:
+                entry = self.finished(entry, *self._send(entry))
+        finally:
+            self._done()
 
     def _send(self, entry: PushEntry) -> tuple[dict[str, Any] | None, BaseException | None]:
         try:
@@ -288,7 +295,13 @@ class AsyncLane(_LaneState):
 
     async def _run(self, entry: PushEntry | None) -> None:
         while entry is not None:
-            entry = self.finished(entry, *(await self._send(entry)))
+            reply, error = await self._send(entry)
+            entry = self.finished(entry, reply, error)
+            if isinstance(error, asyncio.CancelledError):
+                if entry is not None:
+                    entry.packed.abandon()
+                    self.finished(entry, None, ClientError("the push task was cancelled"))
+                raise error
 
     async def _send(self, entry: PushEntry) -> tuple[dict[str, Any] | None, BaseException | None]:
         try:

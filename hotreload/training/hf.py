@@ -98,8 +98,8 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
     ) -> None:
         try:
             if self.at_end and model is not None:
-                last = self._handles[-1][0] if self._handles else None
-                if last != state.global_step or not self.served or self.served[-1][0] != last:
+                pushed = [step for step, _ in self._handles] + [s for s, _, _ in self.served]
+                if state.global_step not in pushed:  # else that push is waited for below
                     self._push(model, state.global_step, wait=True)
             for _, handle in self._handles:
                 try:
