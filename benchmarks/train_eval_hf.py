@@ -89,7 +89,7 @@ class Evals:
             t0 = time.perf_counter()
             self.fn()
             self.calls.append((t0, time.perf_counter() - t0))
-            time.sleep(0.005)  # an eval loop, not a load generator
+            time.sleep(0.02)  # an eval loop, not a load generator
 
     def __enter__(self) -> Evals:
         self.thread.start()
@@ -201,7 +201,11 @@ def run(a: argparse.Namespace) -> None:
         print(f"  overlapping a push n={len(over)} p99 {p(over, 99):.2f} ms; between pushes "
               f"n={len(between)} p99 {p(between, 99):.2f} ms; ratio "
               f"{p(over, 99) / p(between, 99):.2f} (target <= 1.3, needs issue 26 items 2-3)")
-        print(f"  pushes served {len(push.served)}, failed {len(push.errors)}")
+        held = push.handover_s
+        print(f"  pushes served {len(push.served)}, failed {len(push.errors)}; the trainer held "
+              f"per push (pack + send): mean {1000 * np.mean(held):.2f} ms, max "
+              f"{1000 * max(held):.2f} ms = {100 * sum(held) * sps_push / a.steps:.2f}% of "
+              "its run")
     finally:
         server.stop()
 

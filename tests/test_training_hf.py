@@ -52,7 +52,7 @@ strategy = "inplace"
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __init__(self, n: int) -> None:
         g = torch.Generator().manual_seed(1)
-        self.rows = torch.randint(0, 128, (n, 16), generator=g)
+        self.rows = torch.randint(0, 128, (n, 8), generator=g)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -75,13 +75,13 @@ def test_a_trainer_pushes_every_n_steps_and_logs_what_serves(tmp_path: Path, ser
             use_cache=False,
         )
     )  # fmt: skip
-    push = HotreloadPush(model="llm", every_n_steps=8, config=config, timeout_s=60)
+    push = HotreloadPush(model="llm", every_n_steps=4, config=config, timeout_s=60)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
-        max_steps=24,
-        per_device_train_batch_size=4,
+        max_steps=12,
+        per_device_train_batch_size=2,
         learning_rate=1e-2,
-        logging_steps=8,
+        logging_steps=4,
         report_to="none",
         save_strategy="no",
         use_cpu=True,
@@ -89,15 +89,15 @@ def test_a_trainer_pushes_every_n_steps_and_logs_what_serves(tmp_path: Path, ser
         dataloader_num_workers=0,
     )
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(64), callbacks=[push]
+        model=model, args=args, train_dataset=Tokens(32), callbacks=[push]
     )
     trainer.train()
 
     assert push.errors == []
-    # Pushes at steps 8, 16, 24 (the end's push is that of step 24): each served, or
-    # gave way to a later one while it waited; the last one served.
+    # Pushes at steps 4, 8, 12 (the end waits for that of step 12): each served, or gave
+    # way to a later one while it waited; the last one served.
     steps = [s for s, _, _ in push.served]
-    assert steps[-1] == 24 and set(steps) <= {8, 16, 24}
+    assert steps[-1] == 12 and set(steps) <= {4, 8, 12}
     versions = [v for _, v, _ in push.served]
     assert versions == sorted(versions) and versions[0] >= 2
     logged = [e for e in trainer.state.log_history if "hotreload_version" in e]

@@ -16,6 +16,7 @@ pushed and waited for (`at_end`), so an eval after `train()` sees them.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from hotreload.client import Client
@@ -63,6 +64,8 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
         self.state_fn = state_fn or (lambda m: m.state_dict(keep_vars=True))
         self.served: list[tuple[int, int, str]] = []
         self.errors: list[tuple[int, str]] = []
+        #: Seconds each push held the training loop (the hand-over: pack and send).
+        self.handover_s: list[float] = []
         self._handles: list[tuple[int, PushHandle]] = []
         self._unlogged: dict[str, Any] = {}
 
@@ -118,6 +121,7 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
     # ------------------------------------------------------------------ pushes
 
     def _push(self, model: Any, step: int, *, wait: bool) -> None:
+        t0 = time.perf_counter()
         try:
             handle = self.client.update_weights(
                 self.model,
@@ -130,6 +134,7 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
         except ClientError as exc:
             self.errors.append((step, str(exc)))
             return
+        self.handover_s.append(time.perf_counter() - t0)
         self._handles.append((step, handle))
         if wait:
             try:
