@@ -134,3 +134,14 @@ def test_a_lora_push_costs_the_adapter_and_speaks_the_trainers_names(tmp_path: P
         again = client.update_weights("lora", state, timeout_s=120)
         _answer_matches(client, trainer_side, again["version"], again["digest"])
     assert count_events(config, "reload_done", trigger="push") == 3
+
+
+def test_weights_prefix_maps_pushed_names_and_leaves_the_models_own() -> None:
+    from hotreload.worker.weight_sources import _pushed_names
+
+    own = {"lm.w": 0, "lm.b": 0, "head": 0}
+    t = torch.zeros(1)
+    pushed = {"w": t, "lm.b": t, "head": t}  # the trainer's name, the model's, the model's
+    assert sorted(_pushed_names(pushed, {"add": "lm."}, own)) == ["head", "lm.b", "lm.w"]
+    # No prefix: names as pushed (a wrong one is then refused with the model's names).
+    assert sorted(_pushed_names({"w": t}, None, own)) == ["w"]
