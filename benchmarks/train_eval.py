@@ -32,6 +32,11 @@ trainer's weights pushed from memory, against saving them to the weights file. O
    into fresh memory, touching that much fresh memory, copying into memory touched
    already, and hashing it (the version's digest).
 
+3. The real Hugging Face `Trainer` (benchmarks/train_eval_hf.py): a tiny Llama trained
+   with `HotreloadPush` every 20 steps (pushes not waited for) against the same run with
+   no pushes (target: steps/s within 5%), the eval in-process against through hotreload,
+   and the p99 of evals overlapping a push against evals between pushes.
+
     .venv/bin/python benchmarks/train_eval.py [--quick] [--calls 1000] [--sizes 10 100 1024]
 
 Not a test: figures depend on the machine and its load; compare ratios within one run.
@@ -973,7 +978,10 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", choices=sorted(SHAPES))
     parser.add_argument("--reps", type=int, help="push and file repetitions a size (5)")
     parser.add_argument("--reps-1g", type=int, help="repetitions for the 1 GiB state (3)")
-    parser.add_argument("--skip", choices=("1", "2"), help="leave out part 1 or 2")
+    parser.add_argument("--skip", choices=("1", "2", "3"), help="leave out part 1, 2 or 3")
+    parser.add_argument(
+        "--hf-steps", type=int, default=200, help="part 3: the Hugging Face Trainer's steps"
+    )
     parser.add_argument(
         "--no-thp", action="store_true", help="part 2 without the pushes with huge pages"
     )
@@ -996,6 +1004,10 @@ def main() -> int:
             part1(tmp, calls, round_calls, args.eval_every, args.push_every, modes, args.batch)
         if args.skip != "2":
             part2(tmp, sizes, reps, reps_1g, not args.no_thp)
+        if args.skip != "3":
+            import train_eval_hf  # transformers and accelerate: only for this part
+
+            train_eval_hf.run(argparse.Namespace(steps=args.hf_steps, push_every=20, no_move=False))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n(run took {time.perf_counter() - started:.0f} s)")

@@ -12,15 +12,24 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from hotreload.client import AsyncClient, Client, InferResult
+    from hotreload.push_lane import PushHandle
 
 _LAZY = {
     "Client": "hotreload.client",
     "AsyncClient": "hotreload.client",
     "InferResult": "hotreload.client",
+    "PushHandle": "hotreload.push_lane",
     "register_stream": "hotreload.runtime",
 }
 
-__all__ = ["AsyncClient", "Client", "InferResult", "__version__", "register_stream"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "InferResult",
+    "PushHandle",
+    "__version__",
+    "register_stream",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,9 +20,17 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, overload
 
-from hotreload.errors import ERROR_CLASSES, ClientError, ModelError, NoServerError, ProtocolError
+from hotreload.client_wire import (
+    InferResult,
+    _rows,
+    _unrow,
+    build_infer_header,
+    decode_result,
+    raise_for_error,
+)
+from hotreload.errors import NoServerError, ProtocolError, StaleBaseError
 from hotreload.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     Frame,
@@ -31,15 +39,8 @@ from hotreload.protocol.framing import (
     read_frame_sync,
     send_frame,
 )
-from hotreload.protocol.shared_state import PackedState, pack_state
-from hotreload.protocol.tensors import BF16, bf16_to_float32, decode_tensors, encode_tensors
-from hotreload.protocol.text import BYTES
-from hotreload.protocol.weights_ops import (
-    update_weights_header,
-    version_reply,
-    wait_version_header,
-    weights_reply,
-)
+from hotreload.protocol.weights_ops import version_reply, wait_version_header
+from hotreload.push_lane import AsyncLane, PushHandle, ThreadLane, pack_push
 
 
 def _no_server(path: Path, exc: OSError) -> NoServerError:
@@ -52,31 +53,6 @@ def _no_server(path: Path, exc: OSError) -> NoServerError:
         f"no hotreload session is listening on {path} ({exc.strerror or exc}); "
         "start one with `hotreload watch` or `hotreload serve`"
     )
-
-
-class _Answer(NamedTuple):
-    output: Any
-    version: int
-    model: str
-
-
-class InferResult(_Answer):
-    """What `infer` returns: unpack as `output, version, model = client.infer(...)`, and
-    `.digest`, the content digest of the weights that computed it (the one
-    `update_weights` and `hotreload status` report; None for a model without weights)."""
-
-    digest: str | None
-
-    def __new__(
-        cls, output: Any, version: int, model: str, digest: str | None = None
-    ) -> InferResult:
-        self = super().__new__(cls, output, version, model)
-        self.digest = digest  # an attribute, not a fourth field: 3-way unpacking holds
-        return self
-
-    def _replace(self, **changes: Any) -> InferResult:
-        fields = {**self._asdict(), "digest": self.digest, **changes}
-        return InferResult(**fields)
 
 
 def resolve_socket(
@@ -101,93 +77,6 @@ def http_headers(config: str | os.PathLike[str] | None = None) -> dict[str, str]
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def build_infer_header(
-    model: str | None,
-    inputs: Any,
-    timeout_s: float | None,
-    parameters: Mapping[str, Any] | None = None,
-    min_version: int | None = None,
-) -> tuple[dict[str, Any], list[Any]]:
-    """A request's header and blobs. A str or a list of str is one strings (BYTES) input;
-    a tuple/list of arrays, positional inputs; a dict, named inputs. `min_version`: served
-    by that version of the model or a later one (a trainer reading its own push)."""
-    if isinstance(inputs, Mapping):
-        form, named = "dict", dict(inputs)
-    elif isinstance(inputs, (tuple, list)) and inputs and all(hasattr(v, "shape") for v in inputs):
-        form, named = "tuple", {f"input_{i}": v for i, v in enumerate(inputs)}
-    else:
-        form, named = "single", {"input": inputs}
-    metas, blobs = encode_tensors(named)
-    header: dict[str, Any] = {"op": "infer", "model": model, "form": form, "tensors": metas}
-    if timeout_s is not None:
-        header["timeout_s"] = timeout_s
-    if parameters:
-        header["parameters"] = dict(parameters)
-    if min_version is not None:
-        header["min_version"] = int(min_version)
-    return header, blobs
-
-
-def _header_or_abandon(
-    model: str | None, packed: PackedState, strict: bool, timeout_s: float | None
-) -> dict[str, Any]:
-    """The request, or the state given back (never sent) when it cannot be made."""
-    try:
-        return update_weights_header(model, packed, strict, timeout_s)
-    except BaseException:
-        packed.abandon()
-        raise
-
-
-def raise_for_error(frame: Frame) -> None:
-    if frame.header.get("ok"):
-        return
-    err = frame.header.get("error") or {}
-    code = err.get("code", "error")
-    message = err.get("message", "request failed")
-    if code == "model_error":
-        raise ModelError(message, err.get("traceback"))
-    raise ERROR_CLASSES.get(code, ClientError)(message)
-
-
-def _client_value(meta: Mapping[str, Any], arr: Any, raw: bool) -> Any:
-    """What a caller gets for one output: strings as str (a list per row), bfloat16 widened
-    to float32 (exact) unless `raw` asks for the uint16 bit patterns."""
-    if meta["dtype"] == BYTES:
-        return arr.tolist()
-    if meta["dtype"] == BF16 and not raw:
-        return bf16_to_float32(arr)
-    return arr
-
-
-def decode_result(frame: Frame, raw: bool = False) -> InferResult:
-    h = frame.header
-    metas = h.get("tensors", [])
-    decoded = decode_tensors(metas, frame.payload)
-    arrays = {m["name"]: _client_value(m, decoded[m["name"]], raw) for m in metas}
-    form = h.get("form", "single")
-    if form == "single":
-        output: Any = next(iter(arrays.values()))
-    elif form == "tuple":
-        output = tuple(arrays.values())
-    else:
-        output = arrays
-    return InferResult(output, int(h.get("version") or 0), h.get("model", ""), h.get("digest"))
-
-
-def _rows(inputs: Any) -> Any:
-    """One prompt is a batch of one: a str travels as a one-row strings tensor."""
-    return [inputs] if isinstance(inputs, str) else inputs
-
-
-def _unrow(inputs: Any, result: InferResult) -> InferResult:
-    """...and its answer comes back as one str when the model answered one string."""
-    out = result.output
-    if isinstance(inputs, str) and isinstance(out, list) and len(out) == 1:
-        return result._replace(output=out[0])
-    return result
-
-
 class Client:
     """Blocking client. Safe to share between threads (one connection per thread)."""
 
@@ -207,6 +96,8 @@ class Client:
         # Every thread's connection, so close() (and garbage collection) closes them all.
         self._all: list[socket.socket] = []
         self._all_lock = threading.Lock()
+        #: Model -> its pushes (one in flight, one pending, the serving baseline).
+        self._lanes: dict[str | None, ThreadLane] = {}
 
     def _conn(self) -> socket.socket:
         sock = getattr(self._local, "sock", None)
@@ -239,15 +130,19 @@ class Client:
         blobs: list[Any] | None = None,
         *,
         timeout_s: float | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Frame:
         """Send one request frame and return the reply frame (errors raised as exceptions).
-        `timeout_s`: this request's own wait, in place of the client's (a long push)."""
+        `timeout_s`: this request's own wait, in place of the client's (a long push);
+        `on_sent`: called once the request is written, before the reply is waited for."""
         header["id"] = next(self._ids)
         sock = self._conn()
         try:
             if timeout_s is not None:
                 sock.settimeout(timeout_s + 5.0)  # above the server's own deadline
             send_frame(sock, pack_frame(header, blobs or []))
+            if on_sent is not None:
+                on_sent()
             frame = read_frame_sync(sock, self.max_frame_bytes)
         except TimeoutError:
             self._drop_conn()
@@ -295,6 +190,30 @@ class Client:
         header: dict[str, Any] = {"op": "reload", "model": model, "trigger": "command"}
         return self.call(header, timeout_s=timeout_s).header
 
+    @overload
+    def update_weights(
+        self,
+        model: str | None,
+        state: Mapping[str, Any],
+        *,
+        strict: bool = ...,
+        timeout_s: float | None = ...,
+        wait: Literal[True] = ...,
+        full: bool = ...,
+    ) -> dict[str, Any]: ...
+
+    @overload
+    def update_weights(
+        self,
+        model: str | None,
+        state: Mapping[str, Any],
+        *,
+        strict: bool = ...,
+        timeout_s: float | None = ...,
+        wait: Literal[False],
+        full: bool = ...,
+    ) -> PushHandle: ...
+
     def update_weights(
         self,
         model: str | None,
@@ -302,20 +221,54 @@ class Client:
         *,
         strict: bool = True,
         timeout_s: float | None = None,
-    ) -> dict[str, Any]:
+        wait: bool = True,
+        full: bool = False,
+    ) -> dict[str, Any] | PushHandle:
         """Make `state` (name -> torch tensor or numpy array) the weights of a new version
-        of `model`; returns `{"version": v, "digest": "sha256:..."}` once it serves.
+        of `model`; returns `{"version": v, "digest": "sha256:...", ...}` once it serves.
 
-        The tensors do not cross the socket: CPU ones are written once into shared memory
-        the worker copies from, CUDA ones go by IPC handle (same machine, a GPU both see).
-        They may be changed or freed once this returns. `strict`: every parameter of the
-        model must be in `state`, and nothing else."""
-        packed = pack_state(state)
-        header = _header_or_abandon(model, packed, strict, timeout_s)
+        The tensors do not cross the socket: CPU ones are written once into a sealed memfd,
+        CUDA ones go by IPC handle (same machine, a GPU both see). Frozen parameters
+        unchanged since the push that made the serving weights are not sent (torch's
+        in-place version counter tells; pass `model.state_dict(keep_vars=True)`, where
+        they show as frozen; `full=True` sends all): a LoRA push costs its adapter.
+        Names are the model's, or the names of its weights files: `weights_prefix` applies.
+        `strict`: every parameter of the model must be in `state`, and nothing else.
+
+        `wait=False` returns a `PushHandle` once the state is packed and handed over: the
+        tensors may change from then on. `handle.result(timeout)` gives the reply when the
+        version serves. A push made while an earlier one is still being built waits as the
+        one pending push, and a newer one replaces it (docs/training-push.md)."""
+        lane = self._lane(model)
+        with lane.lock:
+            baseline = lane.baseline
+        entry = pack_push(
+            model, state, baseline, strict=strict, full=full, timeout_s=timeout_s,
+            copy_cuda=not wait,
+        )  # fmt: skip
+        now = lane.submit(entry)
+        handle = entry.handle
+        if not wait:
+            if not now:
+                return handle  # the pending push: handed over, sent when the one before ends
+            # Sent before this returns; a request that could not be sent at all (no
+            # session) is said here, not only on the handle.
+            handle._handed.wait(None if timeout_s is None else timeout_s + 5.0)
+            if handle.done() and not handle.sent and handle.superseded_by is None:
+                handle.result(0)  # raises why it could not be sent
+            return handle
         try:
-            return weights_reply(self.call(header, timeout_s=timeout_s))
-        finally:
-            packed.close()  # the worker holds its own reference to the memory by now
+            return handle.result()
+        except StaleBaseError:
+            # The caller still waits, so its tensors are as they were: send them all.
+            return self.update_weights(model, state, strict=strict, timeout_s=timeout_s, full=True)
+
+    def _lane(self, model: str | None) -> ThreadLane:
+        with self._all_lock:
+            lane = self._lanes.get(model)
+            if lane is None:
+                lane = self._lanes[model] = ThreadLane(model, self.call, self._drop_conn)
+            return lane
 
     def wait_version(
         self, model: str | None, version: int, *, timeout_s: float | None = None
@@ -328,6 +281,10 @@ class Client:
         return bool(self.call({"op": "ping"}).header.get("ok"))
 
     def close(self) -> None:
+        with self._all_lock:
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.close()
         with self._all_lock:
             socks, self._all = self._all, []
         for sock in socks:
@@ -369,6 +326,7 @@ class AsyncClient:
         self._streams: dict[int, Callable[[Frame | None], None]] = {}
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
+        self._lanes: dict[str | None, AsyncLane] = {}
 
     async def _ensure(self) -> asyncio.StreamWriter:
         async with self._lock:
@@ -413,7 +371,11 @@ class AsyncClient:
                 self._writer = None
 
     async def call(
-        self, header: dict[str, Any], blobs: list[Any] | None = None, timeout_s: float | None = None
+        self,
+        header: dict[str, Any],
+        blobs: list[Any] | None = None,
+        timeout_s: float | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Frame:
         writer = await self._ensure()
         rid = next(self._ids)
@@ -422,6 +384,8 @@ class AsyncClient:
         self._pending[rid] = fut
         writer.writelines(pack_frame(header, blobs or []))
         await writer.drain()
+        if on_sent is not None:
+            on_sent()
         frame = await (asyncio.wait_for(fut, timeout_s) if timeout_s else fut)
         raise_for_error(frame)
         return frame
@@ -460,16 +424,31 @@ class AsyncClient:
         *,
         strict: bool = True,
         timeout_s: float | None = None,
-    ) -> dict[str, Any]:
+        wait: bool = True,
+        full: bool = False,
+    ) -> dict[str, Any] | PushHandle:
         """As `Client.update_weights`, awaited. The packing (a pass over the bytes) runs on
-        a thread: the loop keeps serving meanwhile."""
-        packed = await asyncio.to_thread(pack_state, state)
-        header = _header_or_abandon(model, packed, strict, timeout_s)
+        a thread: the loop keeps serving meanwhile. With `wait=False`, `await handle` (or
+        `handle.result()` from another thread) gives the reply."""
+        lane = self._lanes.get(model)
+        if lane is None:
+            lane = self._lanes[model] = AsyncLane(model, self.call)
+        with lane.lock:
+            baseline = lane.baseline
+        entry = await asyncio.to_thread(
+            pack_push, model, state, baseline, strict=strict, full=full, timeout_s=timeout_s,
+            copy_cuda=not wait,
+        )  # fmt: skip
+        lane.submit(entry)
+        handle = entry.handle
+        if not wait:
+            return handle
         try:
-            wait = None if timeout_s is None else timeout_s + 5.0
-            return weights_reply(await self.call(header, timeout_s=wait))
-        finally:
-            packed.close()
+            return await handle
+        except StaleBaseError:
+            return await self.update_weights(
+                model, state, strict=strict, timeout_s=timeout_s, full=True
+            )
 
     async def wait_version(
         self, model: str | None, version: int, *, timeout_s: float | None = None
@@ -486,6 +465,8 @@ class AsyncClient:
         return (await self.call({"op": "reload", "model": model, "trigger": "command"})).header
 
     async def close(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
         if self._writer is not None:
             self._writer.close()
         if self._reader_task is not None:

@@ -88,6 +88,24 @@ class ReloadFailedError(ClientError):
     code = "reload_failed"
 
 
+class StaleBaseError(ClientError):
+    """A push of the changed tensors only was made for weights that no longer serve (the
+    weights files changed, or the session restarted): nothing was built; push everything."""
+
+    code = "stale_base"
+
+
+class PushSupersededError(ClientError):
+    """A push made without waiting was replaced, before it was sent, by a later one
+    (`superseded_by` is the later push's handle): the trainer never queues a backlog."""
+
+    code = "superseded"
+
+    def __init__(self, message: str, superseded_by: object = None) -> None:
+        super().__init__(message)
+        self.superseded_by = superseded_by
+
+
 #: Maps the `code` field of an error reply to the exception a client raises.
 ERROR_CLASSES: dict[str, type[ClientError]] = {
     cls.code: cls
@@ -100,5 +118,7 @@ ERROR_CLASSES: dict[str, type[ClientError]] = {
         ModelError,
         WorkerUnavailableError,
         ReloadFailedError,
+        StaleBaseError,
+        PushSupersededError,
     )
 }

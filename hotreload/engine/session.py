@@ -33,7 +33,7 @@ from hotreload.engine.push_intake import intake
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.engine.worker_proc import WorkerOp
-from hotreload.errors import BadRequestError
+from hotreload.errors import BadRequestError, StaleBaseError
 from hotreload.paths import (
     ensure_state_dir,
     snapshot_root,
@@ -402,6 +402,7 @@ class Session:
         state = header.get("state")
         if state is None:
             raise BadRequestError("update_weights needs 'state': the pushed state's descriptor")
+        _check_push_base(sup.name, header.get("base_digest"), sup.current)
         checked = await intake(state, peer_pid)
         try:
             result = await sup.push(checked.descriptor, strict=bool(header.get("strict", True)))
@@ -467,6 +468,20 @@ class Session:
             "uptime_s": round(time.time() - self.started_at, 3),
             "models": list(models),
         }
+
+
+def _check_push_base(name: str, base: str | None, current: Any) -> None:
+    """A push of the changed tensors only (client push_changes.py) names the digest of the
+    weights it goes on top of; over other weights (the files changed, a restarted session
+    holds none of the trainer's pushes) it would make weights nobody trained."""
+    serving = getattr(current, "digest", None)
+    if base is None or serving is None or serving == base:
+        return
+    raise StaleBaseError(
+        f"model {name!r}: this push holds only the tensors changed since weights "
+        f"{base}, but {serving} serve (the weights files changed, or the session "
+        "restarted); nothing was built, push every tensor"
+    )
 
 
 def _prune_stale_snapshots(folder: Path) -> None:

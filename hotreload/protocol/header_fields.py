@@ -30,6 +30,7 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "version": ((int,), "a version number (an integer)"),
     "strict": ((bool,), "true or false"),
     "state": ((dict,), "a shared-memory state descriptor (an object)"),
+    "base_digest": ((str, type(None)), "a weights digest (a string) or null"),
 }
 
 

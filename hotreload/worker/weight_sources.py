@@ -24,7 +24,7 @@ from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
 from hotreload.worker.shared_weights import SharedBlock, map_block
-from hotreload.worker.weights import _problems, load_weights, tied_groups
+from hotreload.worker.weights import _problems, apply_prefix, load_weights, tied_groups
 
 
 @dataclass
@@ -87,17 +87,34 @@ def _mappable(
         return {}, str(exc)
 
 
+def _pushed_names(
+    names: Iterable[str], prefix: Mapping[str, str] | None, own: Mapping[str, Any]
+) -> dict[str, str]:
+    """Each pushed name -> the module's: `weights_prefix` maps a push's names as it maps a
+    file's keys (a trainer pushes the state of the model it trains, which the factory may
+    wrap). A name the module has as it is stays as it is: a trainer that added the prefix
+    itself, as it had to before, is not broken by the mapping."""
+    mapping = apply_prefix(names, prefix)
+    return {k: (k if k in own and mapping[k] not in own else mapping[k]) for k in mapping}
+
+
 def _overlay_state(
-    model: torch.nn.Module, overlay: Mapping[str, Any], device: torch.device
+    model: torch.nn.Module,
+    overlay: Mapping[str, Any],
+    device: torch.device,
+    prefix: Mapping[str, str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One push, checked against the module from its descriptor before a byte is read
     (an unknown name in a 2 GiB push took 31 s to refuse when read first): every name
-    known, every shape equal, with `strict` every weight present and every dtype the
-    module's. Without `strict` a dtype is cast to the module's, as a load does."""
+    known (after `weights_prefix`), every shape equal, with `strict` every weight present
+    and every dtype the module's. Without `strict` a dtype is cast to the module's, as a
+    load does."""
     own = model.state_dict(keep_vars=True)
-    entries = {e["name"]: e for e in overlay["state"].get("tensors", [])}
+    raw = {e["name"]: e for e in overlay["state"].get("tensors", [])}
+    names = _pushed_names(raw, prefix, own)
+    entries = {names[k]: e for k, e in raw.items()}
     _check_pushed(own, entries, tied_groups(model), bool(overlay.get("strict", True)))
-    pushed = read_state(overlay["state"], device)
+    pushed = {names[k]: t for k, t in read_state(overlay["state"], device).items()}
     return {
         name: t if t.dtype == own[name].dtype else t.to(own[name].dtype)
         for name, t in pushed.items()
@@ -184,7 +201,7 @@ def place_weights(
     for overlay in overlays:
         if int(overlay["id"]) in base_overlays:
             continue
-        state.update(_overlay_state(model, overlay, device))
+        state.update(_overlay_state(model, overlay, device, prefix))
         applied.append(int(overlay["id"]))
         step_done()
     if state:
