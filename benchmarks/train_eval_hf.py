@@ -170,7 +170,9 @@ def run(a: argparse.Namespace) -> None:
             assert r.version >= latest["v"]
 
         class Reload(transformers.TrainerCallback):  # type: ignore[misc]
-            def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:  # noqa: E501
+            def on_step_end(
+                self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any
+            ) -> None:  # noqa: E501
                 if state.global_step % a.push_every == 0:
                     here.load_state_dict(copy.deepcopy(model.state_dict()))
 
@@ -192,20 +194,31 @@ def run(a: argparse.Namespace) -> None:
         over = [c for c in served.calls if any(s <= c[0] + c[1] and c[0] <= e for s, e in spans)]
         between = [c for c in served.calls if c not in over]
         print(f"Trainer (tiny Llama, {a.steps} steps, push every {a.push_every}): {move}")
-        print(f"  steps/s  no pushes {sps_none:.2f}  pushes {sps_push:.2f}  "
-              f"ratio {sps_push / sps_none:.3f} (target >= 0.95)  in-process eval {sps_local:.2f}")
-        for name, calls in (("in-process", local.calls), ("hotreload, pushes", served.calls),
-                            ("hotreload, none", quiet.calls)):
-            print(f"  eval {name:18} n={len(calls):5} p50 {p(calls, 50):7.2f} ms  "
-                  f"p99 {p(calls, 99):7.2f} ms  p99/p50 {p(calls, 99) / p(calls, 50):.2f}")
-        print(f"  overlapping a push n={len(over)} p99 {p(over, 99):.2f} ms; between pushes "
-              f"n={len(between)} p99 {p(between, 99):.2f} ms; ratio "
-              f"{p(over, 99) / p(between, 99):.2f} (target <= 1.3, needs issue 26 items 2-3)")
+        print(
+            f"  steps/s  no pushes {sps_none:.2f}  pushes {sps_push:.2f}  "
+            f"ratio {sps_push / sps_none:.3f} (target >= 0.95)  in-process eval {sps_local:.2f}"
+        )
+        for name, calls in (
+            ("in-process", local.calls),
+            ("hotreload, pushes", served.calls),
+            ("hotreload, none", quiet.calls),
+        ):
+            print(
+                f"  eval {name:18} n={len(calls):5} p50 {p(calls, 50):7.2f} ms  "
+                f"p99 {p(calls, 99):7.2f} ms  p99/p50 {p(calls, 99) / p(calls, 50):.2f}"
+            )
+        print(
+            f"  overlapping a push n={len(over)} p99 {p(over, 99):.2f} ms; between pushes "
+            f"n={len(between)} p99 {p(between, 99):.2f} ms; ratio "
+            f"{p(over, 99) / p(between, 99):.2f} (target <= 1.3, needs issue 26 items 2-3)"
+        )
         held = push.handover_s
-        print(f"  pushes served {len(push.served)}, failed {len(push.errors)}; the trainer held "
-              f"per push (pack + send): mean {1000 * np.mean(held):.2f} ms, max "
-              f"{1000 * max(held):.2f} ms = {100 * sum(held) * sps_push / a.steps:.2f}% of "
-              "its run")
+        print(
+            f"  pushes served {len(push.served)}, failed {len(push.errors)}; the trainer held "
+            f"per push (pack + send): mean {1000 * np.mean(held):.2f} ms, max "
+            f"{1000 * max(held):.2f} ms = {100 * sum(held) * sps_push / a.steps:.2f}% of "
+            "its run"
+        )
     finally:
         server.stop()
 

@@ -14,7 +14,7 @@ from typing import Any
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
 from hotreload.engine import event_kinds
-from hotreload.engine.event_kinds import ConfigChanged, ReloadDone
+from hotreload.engine.event_kinds import ConfigChanged, ReloadDone, StartFailed
 from hotreload.engine.events import typed
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
@@ -110,9 +110,9 @@ class WatchSession:
             if host.worker is not None and host.worker.alive:
                 continue
             self.session.events.emit(
-                "start_failed", model=host.name, phase="start", error=repr(exc), traceback=None
+                StartFailed(model=host.name, phase="start", error=repr(exc), traceback=None)
             )
-            host.router.refuse_until_reload(f"failed to start ({exc!r})")
+            host.refuse_until_reload(f"failed to start ({exc!r})")
 
     def _pids_on(self, index: int) -> list[int]:
         return [

@@ -17,6 +17,7 @@ from hotreload.engine.cpus import CpuPlan, available_cpus, pin_process, pin_self
 from hotreload.engine.endpoint import Endpoint, Reply
 from hotreload.engine.event_kinds import (
     Cpus,
+    EventsFileError,
     GpuReset,
     RewarmDone,
     RewarmStarted,
@@ -29,11 +30,11 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor, ReloadOutcome
-from hotreload.engine.push_intake import intake
+from hotreload.engine.push_intake import check_push_base, intake
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.engine.worker_proc import WorkerOp
-from hotreload.errors import BadRequestError, StaleBaseError
+from hotreload.errors import BadRequestError
 from hotreload.paths import (
     ensure_state_dir,
     snapshot_root,
@@ -280,9 +281,10 @@ class Session:
             write_private_file(self._session_file(), json.dumps(data, indent=2) + "\n")
         except OSError as exc:
             self.events.emit(
-                "events_file_error",
-                message=f"the state folder {self.state_dir} cannot be written "
-                f"({exc.strerror or exc}); the session runs on without session.json",
+                EventsFileError(
+                    message=f"the state folder {self.state_dir} cannot be written "
+                    f"({exc.strerror or exc}); the session runs on without session.json"
+                )
             )
 
     def _remove_session_file(self) -> None:
@@ -402,7 +404,7 @@ class Session:
         state = header.get("state")
         if state is None:
             raise BadRequestError("update_weights needs 'state': the pushed state's descriptor")
-        _check_push_base(sup.name, header.get("base_digest"), sup.current)
+        check_push_base(sup.name, header.get("base_digest"), sup.current)
         checked = await intake(state, peer_pid)
         try:
             result = await sup.push(checked.descriptor, strict=bool(header.get("strict", True)))
@@ -468,20 +470,6 @@ class Session:
             "uptime_s": round(time.time() - self.started_at, 3),
             "models": list(models),
         }
-
-
-def _check_push_base(name: str, base: str | None, current: Any) -> None:
-    """A push of the changed tensors only (client push_changes.py) names the digest of the
-    weights it goes on top of; over other weights (the files changed, a restarted session
-    holds none of the trainer's pushes) it would make weights nobody trained."""
-    serving = getattr(current, "digest", None)
-    if base is None or serving is None or serving == base:
-        return
-    raise StaleBaseError(
-        f"model {name!r}: this push holds only the tensors changed since weights "
-        f"{base}, but {serving} serve (the weights files changed, or the session "
-        "restarted); nothing was built, push every tensor"
-    )
 
 
 def _prune_stale_snapshots(folder: Path) -> None:

@@ -352,9 +352,10 @@ class FileWatcher:
         Before, one reload happened and every later edit was ignored without a word."""
         self._gone.add(root)
         self.events.emit(
-            "watch_error",
-            error=f"the watched folder {root} was deleted: edits in it are not seen until it "
-            "is back; watching it again once it is re-created",
+            WatchError(
+                error=f"the watched folder {root} was deleted: edits in it are not seen until it "
+                "is back; watching it again once it is re-created"
+            )
         )
         self._spawn(self._rewatch(root))
 
@@ -373,18 +374,19 @@ class FileWatcher:
         try:
             self._watches[root] = observer.schedule(self._handler, str(root), recursive=True)
         except OSError as exc:
-            self.events.emit("watch_error", error=f"cannot watch {root} again ({exc})")
+            self.events.emit(WatchError(error=f"cannot watch {root} again ({exc})"))
             return
         finally:
             self._gone.discard(root)
         await asyncio.to_thread(_wait_for_emitters, observer, 5.0)
         self.events.emit(
-            "watching",
-            paths=[str(root)],
-            files=len(self._baseline),
-            quiet_ms=round(self.quiet_s * 1000),
-            max_wait_ms=round(self.max_wait_s * 1000),
-            mode="polling" if self.poll else "inotify",
+            Watching(
+                paths=[str(root)],
+                files=len(self._baseline),
+                quiet_ms=round(self.quiet_s * 1000),
+                max_wait_ms=round(self.max_wait_s * 1000),
+                mode="polling" if self.poll else "inotify",
+            )
         )
         await self._dispatch_all()  # what changed while it was gone (or came back changed)
 

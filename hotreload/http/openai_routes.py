@@ -42,6 +42,7 @@ class KServeFront(Protocol):
 
     def _host(self, request: web.Request) -> ModelSupervisor: ...
 
+
 VERSION_HEADER = "X-Hotreload-Version"
 DIGEST_HEADER = "X-Hotreload-Digest"
 #: A request may ask to be answered by this version or a later one (a trainer's push).

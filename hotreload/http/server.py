@@ -60,6 +60,7 @@ SHUTDOWN_TIMEOUT_S = 2.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error is `{"error": "..."}`: ours, aiohttp's (404, 405, 413) and bugs alike."""

@@ -37,6 +37,7 @@ class ServingWorker(Protocol):
 
     def send(self, header: dict[str, Any], blobs: list[Any] | None = None) -> None: ...
 
+
 #: How long an answer waits for a just-swapped version's weights digest.
 DIGEST_WAIT_S = 60.0
 #: The serving version's call and tokenizer, made once per version (id, then the objects).

@@ -14,7 +14,7 @@ whichever worker builds them, and a restart or a respawn gets the same weights b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -69,7 +69,7 @@ def make_lm(folder: Path, size: str = "tiny", seed: int = 0) -> Path:
 
 #: The hotreload model module that serves the folder: the same weights, read by the same
 #: transformers call lm-eval's `hf` model makes.
-SERVED_MODEL = '''
+SERVED_MODEL = """
 from pathlib import Path
 
 import torch
@@ -84,7 +84,7 @@ def build():
 
 def example():
     return {"input_ids": torch.arange(8).reshape(1, 8)}
-'''
+"""
 
 SERVED_CONFIG = """
 [[models]]

@@ -203,6 +203,10 @@ class ModelSupervisor:
             return job
         return self.jobs.submit(job)
 
+    def refuse_until_reload(self, why: str) -> None:
+        """Answer requests at once with `why` until a version serves (a model never up)."""
+        self.st.refuse_until_reload(why)
+
     def not_run(self, trigger: str, detail: list[str], why: str) -> ReloadOutcome:
         return ReloadOutcome(self.name, False, self.version, trigger, error=why, detail=detail)
 
