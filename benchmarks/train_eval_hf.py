@@ -172,7 +172,7 @@ def run(a: argparse.Namespace) -> None:
         class Reload(transformers.TrainerCallback):  # type: ignore[misc]
             def on_step_end(
                 self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any
-            ) -> None:  # noqa: E501
+            ) -> None:
                 if state.global_step % a.push_every == 0:
                     here.load_state_dict(copy.deepcopy(model.state_dict()))
 
