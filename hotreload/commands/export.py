@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from hotreload.config import ConfigError, load_config
+from hotreload.config import load_config
+from hotreload.errors import ConfigError
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from hotreload.export.export_checks import serving_state, watched_problem, weights_note
 from hotreload.export.ray import STATE_FILE, export_ray, update_weights
