@@ -256,12 +256,12 @@ def test_hung_forward_is_detected_and_the_worker_respawned(tmp_path: Path, serve
     assert "restarted with v1" in outcome["error"]
     t.join(45)
     assert not t.is_alive()
-    # Retried once on the restarted worker, hung again, caught by the forward watchdog.
+    # Not sent again to the restarted worker (it may be what hung the worker): its caller
+    # is told why, and nothing hangs the new worker.
     assert errors and isinstance(errors[0], WorkerUnavailableError)
-    wait_until(
-        lambda: client.status()["models"][0]["restarts"] >= 2, 30, what="the watchdog's restart"
-    )
+    assert "not sent again" in str(errors[0])
     status = client.status()["models"][0]
+    assert status["restarts"] == 1
     assert status["pid"] != pid and status["state"] == "serving"
     out, version, _ = client.infer("hang", np.zeros((1, 4), np.float32))
     assert out.tolist() == [[1, 1, 1, 1]] and version == 1
@@ -696,10 +696,19 @@ def test_stop_during_a_hand_over_answers_the_requests_and_leaves_no_worker(
             (folder / "hold").unlink(missing_ok=True)
             await stopping
         await reload
-        return [(await f).header["version"] for f in held]
+        answers: list[int | str] = []
+        for f in held:
+            try:
+                answers.append((await f).header["version"])
+            except WorkerUnavailableError as exc:
+                answers.append(str(exc))
+        return answers
 
     versions = asyncio.run(asyncio.wait_for(scenario(), 120))
-    assert len(versions) == 2  # answered: by the new worker after the old one was stopped
+    # Answered, each: by the new worker, or (it was computing on the old worker when that
+    # was stopped: issue 30's rule, never sent twice) with why.
+    assert len(versions) == 2
+    assert all(isinstance(v, int) or "not sent again" in v for v in versions), versions
     assert len(pids) == 2 and pids[0] != pids[1]
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"

@@ -167,9 +167,10 @@ class ModelConfig:
     #: Input dimensions that may vary: `{ input_ids = [-1, -1] }`, -1 where any size is
     #: accepted. Unset: dimension 0 (the batch) only.
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    #: A causal LM serving the text routes (config/text.py), and its tokenizer folder
-    #: (None: the model module's encode/decode).
+    #: A causal LM serving the OpenAI-compatible text routes (config/text.py; docs/eval-harness.md).
     generator: bool = False
+    #: Its tokenizer: a folder as `save_pretrained` writes it (unset: the model module's
+    #: own `encode`/`decode`).
     tokenizer: Path | None = None
 
 

@@ -37,6 +37,13 @@ class _Table:
     intro: str
 
 
+#: Top-level tables another part of hotreload reads, with what to say of them.
+ELSEWHERE = {
+    "ray": "The `[ray]` table, read by `hotreload export ray` alone: replicas, autoscaling, "
+    "placement ([Ray Serve](ray.md)).",
+}
+
+
 def _tables() -> tuple[_Table, ...]:
     return (
         _Table("Top level", "", loading.Config, loading._TOP_KEYS, "Keys outside any table."),
@@ -163,6 +170,9 @@ def render_reference() -> str:
             out += [table.intro, ""]
         out += ["| key | default | |", "|---|---|---|"]
         for key in table.keys:
+            if key not in comments and key in ELSEWHERE:
+                out.append(f"| `{key}` | - | {ELSEWHERE[key]} |")
+                continue
             if key not in comments:
                 raise ValueError(
                     f"{table.cls.__name__}.{key} has no #: comment: say what the key does "

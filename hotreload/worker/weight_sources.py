@@ -90,12 +90,12 @@ def _mappable(
 def _pushed_names(
     names: Iterable[str], prefix: Mapping[str, str] | None, own: Mapping[str, Any]
 ) -> dict[str, str]:
-    """Each pushed name -> the module's: `weights_prefix` maps a push's names as it maps a
+    """The module's name -> each pushed name: `weights_prefix` maps a push's names as it maps a
     file's keys (a trainer pushes the state of the model it trains, which the factory may
     wrap). A name the module has as it is stays as it is: a trainer that added the prefix
     itself, as it had to before, is not broken by the mapping."""
     mapping = apply_prefix(names, prefix)
-    return {k: (k if k in own and mapping[k] not in own else mapping[k]) for k in mapping}
+    return {(k if k in own and mapping[k] not in own else mapping[k]): k for k in mapping}
 
 
 def _overlay_state(
@@ -111,7 +111,7 @@ def _overlay_state(
     load does."""
     own = model.state_dict(keep_vars=True)
     raw = {e["name"]: e for e in overlay["state"].get("tensors", [])}
-    names = _pushed_names(raw, prefix, own)
+    names = {pushed: mine for mine, pushed in _pushed_names(raw, prefix, own).items()}
     entries = {names[k]: e for k, e in raw.items()}
     _check_pushed(own, entries, tied_groups(model), bool(overlay.get("strict", True)))
     pushed = {names[k]: t for k, t in read_state(overlay["state"], device).items()}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from hotreload import Client
+from hotreload.client import http_headers
 from tests.http.support_http import request
 from tests.http.test_real_models import load_module
 from tests.support import REPO
@@ -36,9 +37,15 @@ def example():
 """
 
 
-def post(url: str, path: str, doc: Any) -> tuple[int, dict[str, str], Any]:
+def post(
+    url: str, path: str, doc: Any, extra: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
     status, headers, body = request(
-        url, path, json.dumps(doc).encode(), {"Content-Type": "application/json"}, timeout=60
+        url,
+        path,
+        json.dumps(doc).encode(),
+        {"Content-Type": "application/json", **(extra or {})},
+        timeout=60,
     )
     return status, headers, json.loads(body)
 
@@ -219,14 +226,15 @@ def test_edits_and_pushes_mid_run_change_who_answers(tmp_path: Path, http_serve:
     text1, v1, d1 = answer()
     code = proj / "model.py"
     code.write_text(code.read_text().replace("SEED = 0\n", "SEED = 1\n"))
-    status, _, load = post(server.url, "/v2/repository/models/gen/load", {})
+    token = http_headers(proj / "hotreload.toml")  # the repository routes need the token
+    status, _, load = post(server.url, "/v2/repository/models/gen/load", {}, token)
     assert status == 200, load
     text2, v2, d2 = answer()
     assert (v2, text2 != text1, d2 != d1) == (v1 + 1, True, True)
 
     good = code.read_text()
     code.write_text(good + "\ndef broken(:\n")
-    status, _, failed = post(server.url, "/v2/repository/models/gen/load", {})
+    status, _, failed = post(server.url, "/v2/repository/models/gen/load", {}, token)
     assert status == 500 and "keeps serving" in failed["error"]
     assert answer() == (text2, v2, d2)
 

@@ -371,7 +371,8 @@ def test_a_bad_request_fails_alone_with_the_models_message(triton: Any) -> None:
     arr = np.array(["Hello"], dtype=object)
     with pytest.raises(InferenceServerException) as info:
         infer(client, "gen", {"input": arr}, parameters={"temperature": 2})
-    assert "does not take parameter(s) ['temperature']; it takes max_new_tokens" in str(info.value)
+    assert "does not take parameter(s) ['temperature']; it takes " in str(info.value)
+    assert "max_new_tokens" in str(info.value)
     # The instance still serves.
     ok = infer(client, "gen", {"input": arr}, parameters={"max_new_tokens": 3})
     assert len(ok.as_numpy("output")[0]) == 3
