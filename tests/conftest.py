@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import ServeProcess, make_project
+from tests.support import SHARED, ServeProcess, make_project
 
 # Reload locks of test sessions live in a folder of this run, not the machine-wide one, so a
 # hotreload a developer runs meanwhile neither blocks nor is blocked by the tests.
@@ -72,19 +72,14 @@ def serve() -> Iterator[ServeProcess.Factory]:
 
 @pytest.fixture(autouse=True)
 def _no_leftover_children() -> Iterator[None]:
-    """Fail a test that leaves a child process of ours behind (after its fixtures ran)."""
+    """Fail a test that leaves a child process of ours behind (after its fixtures ran).
+    Trees under a pid in `tests.support.SHARED` (a module's shared server) are left alone."""
     yield
     me = psutil.Process(os.getpid())
     deadline = time.monotonic() + 10
     kids: list[psutil.Process] = []
     while time.monotonic() < deadline:
-        kids = []
-        for p in me.children(recursive=True):
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    kids.append(p)
-            except psutil.NoSuchProcess:
-                pass
+        kids = [p for p in me.children(recursive=True) if _counts(p)]
         if not kids:
             return
         time.sleep(0.1)
@@ -96,3 +91,14 @@ def _no_leftover_children() -> Iterator[None]:
         except (ProcessLookupError, psutil.NoSuchProcess):
             pass
     pytest.fail(f"leftover child processes: {described}", pytrace=False)
+
+
+def _counts(p: psutil.Process) -> bool:
+    """A live child that no shared server of a module owns."""
+    try:
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        chain = [p, *p.parents()]
+    except psutil.NoSuchProcess:
+        return False
+    return not any(q.pid in SHARED for q in chain)

@@ -18,6 +18,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "mlp"
+#: Pids of processes a module shares across its tests (a tritonserver, a Ray cluster's
+#: `ray start`): the suite's leftover-children check leaves their trees alone.
+SHARED: set[int] = set()
 #: What `Traffic` sends: the example's input shape.
 TRAFFIC_INPUT = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
 

@@ -5,43 +5,16 @@ process group's pids at teardown, even when a test or the start-up fails."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.support import SHARED
+
 REPO = Path(__file__).resolve().parent.parent.parent
-SHARED: set[int] = set()  # the cluster's `ray start` pid: its tree outlives single tests
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_children() -> Iterator[None]:
-    """As the suite's own check, but the module's cluster may outlive one test."""
-    yield
-    me = psutil.Process(os.getpid())
-    deadline = time.monotonic() + 10
-    kids: list[psutil.Process] = []
-    while time.monotonic() < deadline:
-        kids = [p for p in me.children(recursive=True) if not _shared(p)]
-        if not kids:
-            return
-        time.sleep(0.1)
-    pytest.fail(f"leftover child processes: {[p.pid for p in kids]}", pytrace=False)
-
-
-def _shared(p: psutil.Process) -> bool:
-    try:
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return True
-        chain = [p, *p.parents()]
-    except psutil.NoSuchProcess:
-        return True
-    return any(q.pid in SHARED for q in chain)
 
 
 CONFIG = """

@@ -13,7 +13,7 @@ from pathlib import Path
 from hotreload.export.local_triton import LocalTriton, ensure_python_env
 
 #: Pids of the shared servers (and their children): not "left over" after a test.
-SHARED: set[int] = set()
+from tests.support import SHARED
 
 
 def free_port() -> int:
