@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
+# A .venv without a working pip is a set-up cut short (Ctrl-C during `venv`): start again.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  rm -rf .venv
   "$PY" -m venv .venv
 fi
 stamp=.venv/.hotreload-deps

@@ -31,12 +31,15 @@ ROOTS: dict[str, tuple[str, ...]] = {
         "normalise_example",
         "normalise_output",
         "accepted_parameters",
+        "parameter_problem",
+        "entry_under",
         "dropped_note",
         "SignatureError",
         "FORM_SINGLE",
         "FORM_TUPLE",
         "FORM_DICT",
     ),
+    "hotreload.worker.inputs": ("to_device",),
     "hotreload.protocol.text": ("as_rows", "is_text"),
 }
 

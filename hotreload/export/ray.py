@@ -54,7 +54,7 @@ RAY_ROOTS: dict[str, tuple[str, ...]] = {
         "InferRequestError",
         "HEADER_LENGTH",
     ),
-    "hotreload.worker.inputs": ("request_tensors",),
+    "hotreload.worker.inputs": ("request_tensors", "to_device"),
     "hotreload.protocol.tensors": ("encode_tensors",),
     "hotreload.worker.weights_digest": ("state_digest",),
     "hotreload.export.ray": ("file_digest",),

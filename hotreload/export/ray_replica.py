@@ -77,7 +77,7 @@ class HotreloadModel:
                 pass  # set already in this process; intra-op still applies
         self.device = self.rules.pick_device(self.spec.get("device", "auto"))
         code = self.folder / "code"
-        entry, example = (_entry(self.spec[k], code) for k in ("entry", "example"))
+        entry, example = (self.rules.entry_under(self.spec[k], code) for k in ("entry", "example"))
         self.factory = self.rules.torchscript_factory(entry) or self.rules.resolve(entry, code)
         self.form, self.example = self.rules.normalise_example(self.rules.resolve(example, code)())
         self.output_names = [o["name"] for o in self.spec["outputs"]]
@@ -167,7 +167,7 @@ class HotreloadModel:
                 )
             if isinstance(model, torch.nn.Module):
                 model = model.to(self.device).eval()
-        example = {k: _to(v, self.device) for k, v in self.example.items()}
+        example = {k: self.rules.to_device(v, self.device) for k, v in self.example.items()}
         for _ in range(max(1, int(self.spec.get("warmup_iters", 1)))):
             outputs = self._forward(model, example, {})
         self._smoke(outputs)
@@ -279,36 +279,19 @@ class HotreloadModel:
 
     def _run(self, v: Version, metas: list[Any], payload: Any, params: dict[str, Any]) -> Any:
         inputs = self.rules.request_tensors(metas, payload)
-        inputs = {k: _to(t, self.device) for k, t in inputs.items()}
+        inputs = {k: self.rules.to_device(t, self.device) for k, t in inputs.items()}
         return self._forward(v.model, inputs, params)
 
     def _params(self, params: dict[str, Any], inputs: list[str]) -> dict[str, Any]:
-        names, any_kw = self.rules.accepted_parameters(self.serving.model if self.serving else None)
-        clash = sorted(set(params) & set(inputs))
-        if clash:
-            raise self.rules.InferRequestError(f"parameter(s) {clash} have the names of inputs")
-        unknown = [] if any_kw else sorted(set(params) - names)
-        if unknown:
-            takes = ", ".join(sorted(names)) or "no keyword parameters"
-            raise self.rules.InferRequestError(
-                f"the model does not take parameter(s) {unknown}; it takes {takes}"
-            )
+        accepted = self.rules.accepted_parameters(self.serving.model if self.serving else None)
+        problem = self.rules.parameter_problem(params, inputs, accepted)
+        if problem:
+            raise self.rules.InferRequestError(problem)
         return params
 
 
 def got_names(header: dict[str, Any]) -> list[str]:
     return [t["name"] for t in header["tensors"]]
-
-
-def _entry(wire: dict[str, Any], code: Path) -> dict[str, Any]:
-    out = dict(wire)
-    if out.get("file"):
-        out["file"] = str(code / out["file"])
-    return out
-
-
-def _to(value: Any, device: Any) -> Any:
-    return value.to(device) if hasattr(value, "to") else value
 
 
 def app(args: dict[str, str]) -> Any:

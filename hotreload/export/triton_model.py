@@ -89,7 +89,7 @@ class TritonPythonModel:
         wanted = f"cuda:{args.get('model_instance_device_id', '0')}" if kind == "GPU" else "cpu"
         self.device = rules.pick_device(wanted)
         code = HERE / "code"
-        entry, example = (_entry(self.spec[k], code) for k in ("entry", "example"))
+        entry, example = (rules.entry_under(self.spec[k], code) for k in ("entry", "example"))
         factory = rules.torchscript_factory(entry) or rules.resolve(entry, code)
         example_fn = rules.resolve(example, code)
         model = factory()
@@ -108,7 +108,7 @@ class TritonPythonModel:
         self.input_names = [e["name"] for e in self.spec["inputs"]]
         self.input_dtypes = {e["name"]: e["dtype"] for e in self.spec["inputs"]}
         self.output_names = [e["name"] for e in self.spec["outputs"]]
-        self._smoke({k: _to(v, self.device) for k, v in example_inputs.items()})
+        self._smoke({k: rules.to_device(v, self.device) for k, v in example_inputs.items()})
 
     def _smoke(self, example: dict[str, Any]) -> None:
         """hotreload's smoke test, at load: the example gives finite outputs with the names
@@ -184,32 +184,15 @@ class TritonPythonModel:
         """The request's own parameters as keyword arguments, as hotreload passes them."""
         raw = json.loads(request.parameters() or "{}")
         params = {k: v for k, v in raw.items() if k not in TRITON_PARAMETERS}
-        names, any_kw = self.parameters
-        clash = sorted(set(params) & set(inputs))
-        if clash:
-            raise ValueError(f"parameter(s) {clash} have the names of inputs; rename one")
-        unknown = [] if any_kw else sorted(set(params) - names)
-        if unknown:
-            takes = ", ".join(sorted(names)) or "no keyword parameters"
-            raise ValueError(f"the model does not take parameter(s) {unknown}; it takes {takes}")
+        problem = self.rules.parameter_problem(params, inputs, self.parameters)
+        if problem:
+            raise ValueError(problem)
         return params
 
     def finalize(self) -> None:
         self.model = None
         if getattr(self, "device", None) is not None and self.device.type == "cuda":
             self.torch.cuda.empty_cache()
-
-
-def _entry(wire: dict[str, Any], code: Path) -> dict[str, Any]:
-    """An entry point of the export, with its file inside this folder's copy of the code."""
-    out = dict(wire)
-    if out.get("file"):
-        out["file"] = str(code / out["file"])
-    return out
-
-
-def _to(value: Any, device: Any) -> Any:
-    return value.to(device) if hasattr(value, "to") else value
 
 
 def _strings(arr: np.ndarray) -> np.ndarray:

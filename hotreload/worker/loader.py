@@ -38,6 +38,7 @@ from hotreload.worker.signatures import (
     normalise_example,
     normalise_output,
     output_signature,
+    parameter_problem,
 )
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
@@ -373,14 +374,9 @@ def forward(
 
 def check_parameters(mv: ModelVersion, params: dict[str, Any], inputs: dict[str, Any]) -> None:
     """Refuse a parameter the model's call does not take (LoadError names what it takes)."""
-    names, any_kw = mv.parameters
-    clash = sorted(set(params) & set(inputs))
-    if clash:
-        raise LoadError(f"parameter(s) {clash} have the names of inputs; rename one of them")
-    unknown = sorted(set(params) - names) if not any_kw else []
-    if unknown:
-        takes = ", ".join(sorted(names)) or "no keyword parameters"
-        raise LoadError(f"the model does not take parameter(s) {unknown}; it takes {takes}")
+    problem = parameter_problem(params, inputs, mv.parameters)
+    if problem:
+        raise LoadError(problem)
 
 
 def warm(mv: ModelVersion, iters: int, step_done: Callable[[], None] = no_pause) -> None:

@@ -10,7 +10,8 @@ for one note at load time.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,6 +120,32 @@ def accepted_parameters(model: Any) -> tuple[set[str], bool]:
         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty
     }
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def parameter_problem(
+    params: Mapping[str, Any], inputs: Iterable[str], accepted: tuple[set[str], bool]
+) -> str | None:
+    """Why a request's parameters cannot go to the model's call (`accepted` as
+    `accepted_parameters` gives it), or None. One rule for the worker and the exported
+    Triton and Ray models, each of which raises it as its own error."""
+    names, any_kw = accepted
+    clash = sorted(set(params) & set(inputs))
+    if clash:
+        return f"parameter(s) {clash} have the names of inputs; rename one of them"
+    unknown = [] if any_kw else sorted(set(params) - names)
+    if unknown:
+        takes = ", ".join(sorted(names)) or "no keyword parameters"
+        return f"the model does not take parameter(s) {unknown}; it takes {takes}"
+    return None
+
+
+def entry_under(wire: Mapping[str, Any], code: Path) -> dict[str, Any]:
+    """An entry point as an export writes it, with its file inside the export's copy of
+    the code (`code`)."""
+    out = dict(wire)
+    if out.get("file"):
+        out["file"] = str(code / out["file"])
+    return out
 
 
 # ----------------------------------------------------------------------------- outputs
