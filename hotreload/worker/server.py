@@ -111,20 +111,27 @@ class Worker:
 
     # ------------------------------------------------------------------ serving
 
-    def op_infer(self, frame: Frame) -> None:
-        h = frame.header
+    def admit(self, h: dict[str, Any]) -> ModelVersion | None:
+        """The version a request (infer, text) runs on, busy from now; or None once its
+        client is told why not: nothing loaded, or past its deadline (its client had
+        "timed out": computing it would only hold up those behind it, a drain among them)."""
         mv = self.current
         if mv is None:
             self.send(error_header(h["id"], "worker_unavailable", "no version is loaded yet"))
-            return
+            return None
         deadline = h.get("deadline")
         if deadline is not None and time.monotonic() > deadline:
-            # Its client has been answered "timed out" already: computing it would only hold
-            # up the requests behind it (a reload's drain among them).
             self.skipped += 1
             self.send(error_header(h["id"], "timeout", "timed out in the worker; not computed"))
-            return
+            return None
         self.busy_since = time.monotonic()
+        return mv
+
+    def op_infer(self, frame: Frame) -> None:
+        h = frame.header
+        mv = self.admit(h)
+        if mv is None:
+            return
         try:
             t0 = time.perf_counter()
             tensors = request_tensors(h["tensors"], frame.payload)

@@ -107,16 +107,9 @@ def op_text(worker: ServingWorker, frame: Frame) -> None:
     """The `text` op on the serving thread: the same deadline skip and busy accounting as
     a forward (build pacing sees generation as serving work)."""
     h = frame.header
-    mv = worker.current
+    mv = worker.admit(h)
     if mv is None:
-        worker.send(error_header(h["id"], "worker_unavailable", "no version is loaded yet"))
         return
-    deadline = h.get("deadline")
-    if deadline is not None and time.monotonic() > deadline:
-        worker.skipped += 1
-        worker.send(error_header(h["id"], "timeout", "timed out in the worker; not computed"))
-        return
-    worker.busy_since = time.monotonic()
     t0 = time.perf_counter()
     try:
         fields = run_text(mv, worker.spec, h.get("text") or {})
