@@ -28,7 +28,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from hotreload.errors import BadRequestError, StaleBaseError
+from hotreload.errors import BadRequestError
 from hotreload.protocol.shared_state import REQUIRED_SEALS, validate_descriptor
 
 #: How long opening and checking a pushed memfd may take (it never should block at all).
@@ -137,17 +137,3 @@ async def intake(descriptor: Any, peer_pid: int | None) -> CheckedPush:
         raise _refuse(f"opening {state['path']} did not finish in {OPEN_TIMEOUT_S} s") from None
     state["path"] = f"/proc/{os.getpid()}/fd/{fd}"
     return CheckedPush(state, fd)
-
-
-def check_push_base(name: str, base: str | None, current: Any) -> None:
-    """A push of the changed tensors only (client push_changes.py) names the digest of the
-    weights it goes on top of; over other weights (the files changed, a restarted session
-    holds none of the trainer's pushes) it would make weights nobody trained."""
-    serving = getattr(current, "digest", None)
-    if base is None or serving is None or serving == base:
-        return
-    raise StaleBaseError(
-        f"model {name!r}: this push holds only the tensors changed since weights "
-        f"{base}, but {serving} serve (the weights files changed, or the session "
-        "restarted); nothing was built, push every tensor"
-    )

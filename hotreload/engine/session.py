@@ -30,7 +30,7 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor, ReloadOutcome
-from hotreload.engine.push_intake import check_push_base, intake
+from hotreload.engine.push_intake import intake
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
 from hotreload.engine.worker_proc import WorkerOp
@@ -404,10 +404,13 @@ class Session:
         state = header.get("state")
         if state is None:
             raise BadRequestError("update_weights needs 'state': the pushed state's descriptor")
-        check_push_base(sup.name, header.get("base_digest"), sup.current)
         checked = await intake(state, peer_pid)
         try:
-            result = await sup.push(checked.descriptor, strict=bool(header.get("strict", True)))
+            result = await sup.push(
+                checked.descriptor,
+                strict=bool(header.get("strict", True)),
+                base_digest=header.get("base_digest"),
+            )
         finally:
             checked.close_later()
         return {"ok": True, "model": sup.name, **result}, []

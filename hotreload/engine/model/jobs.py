@@ -125,6 +125,10 @@ class PushJob(Job):
     kind: ClassVar[str] = "push"
     push: Overlay | None = None
     detail: list[str] = field(default_factory=list)
+    #: The digest a push of changed tensors only goes on top of (None: a whole state).
+    base_digest: str | None = None
+    #: Set by the push path when that base no longer served: nothing was built.
+    stale: str | None = None
 
 
 @dataclass

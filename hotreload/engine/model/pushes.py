@@ -178,3 +178,18 @@ def superseded_dropped(overlays: list[Overlay]) -> list[Overlay]:
             needed.append(overlay)
         covered |= set(overlay.names)
     return needed[::-1]
+
+
+def stale_base(name: str, base: str | None, current: Any) -> str | None:
+    """Why a push of the changed tensors only (client push_changes.py) cannot build, or
+    None. It names the digest of the weights it goes on top of; over other weights (the
+    files changed, a restarted session holds none of the trainer's pushes) it would make
+    weights nobody trained. Asked when the push builds, after any job queued before it."""
+    serving = getattr(current, "digest", None)
+    if base is None or serving is None or serving == base:
+        return None
+    return (
+        f"model {name!r}: this push holds only the tensors changed since weights "
+        f"{base}, but {serving} serve (the weights files changed, or the session "
+        "restarted); nothing was built, push every tensor"
+    )

@@ -6,16 +6,15 @@ time by `JobLoop`. Each job is one method here, read top to bottom:
     _start    spawn -> [device lock] build -> serve              (the model's first worker)
     _reload   lock -> policy -> checkpoint wait -> snapshot -> build -> swap -> retire
               -> digest -> promote -> history
-    _push     lock -> build in the serving worker -> in-band swap -> digest -> history
+    _push     lock -> base check -> build in the serving worker -> in-band swap -> digest
     restart   recovery.py: kill -> [GPU reset] -> bring up the last good snapshot -> serve
     stop      the running job is cancelled, queued ones never run, workers stop
 
 Its steps are functions (phases.py acts on workers, swaps.py moves traffic); a strategy
 (inplace.py, respawn.py) says where a version is built and what becomes of the old worker,
 and returns what it did, never calling back. Only state.py writes the record and the
-router. Jobs run one at a time, so a restart (after a death, or a forward hung past
-`forward_s`) never races a reload: it runs after, and does nothing if the reload already
-replaced the worker. A failed build leaves the old version serving.
+router. Jobs run one at a time: a restart (a death, a forward hung past `forward_s`)
+runs after a reload, never beside it. A failed build leaves the old version serving.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ from hotreload.engine.model.status import WorkerFigures, model_status
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.worker_proc import WorkerProcess
-from hotreload.errors import ReloadFailedError, WorkerUnavailableError
+from hotreload.errors import ReloadFailedError, StaleBaseError, WorkerUnavailableError
 
 STOPPED = "the session stopped before the reload finished"
 
@@ -160,10 +159,12 @@ class ModelSupervisor:
         job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only)
         return await asyncio.shield(self.submit(job).future)
 
-    async def push(self, descriptor: Any, *, strict: bool = True) -> dict[str, Any]:
-        """A trainer's weights (a shared-memory descriptor) as the next version. Returns the
-        version and its digest; ReloadFailedError with the reason (the old weights serve on,
-        never a mix), BadRequestError for a descriptor that is not one."""
+    async def push(
+        self, descriptor: Any, *, strict: bool = True, base_digest: str | None = None
+    ) -> dict[str, Any]:
+        """A trainer's weights (a shared-memory descriptor) as the next version, or why not:
+        ReloadFailedError (the old weights serve on, never a mix); StaleBaseError (changed
+        tensors only, on a `base_digest` no longer serving: the client sends them all)."""
         self._pushes += 1
         overlay = pushes.adopt(descriptor, strict, self._pushes)
         detail = [f"{len(overlay.names)} tensor(s){'' if strict else ', strict=False'}"]
@@ -172,8 +173,10 @@ class ModelSupervisor:
                 outcome = self.not_run("push", detail, "the session is stopping")
             else:
                 self._requested("push", detail)
-                job = PushJob(push=overlay, detail=detail)
+                job = PushJob(push=overlay, detail=detail, base_digest=base_digest)
                 outcome = await asyncio.shield(self.submit(job).future)
+                if job.stale:
+                    raise StaleBaseError(job.stale)
         finally:
             if overlay not in self.record.overlays:
                 overlay.close()  # it failed: its memory goes
@@ -422,6 +425,10 @@ class ModelSupervisor:
                             f"model {self.name!r} is {self.state}: no version serves to push "
                             "weights onto; fix the model and reload it first",
                         )
+                    # At build time, not at intake: a reload may have run in between.
+                    job.stale = pushes.stale_base(self.name, job.base_digest, self.current)
+                    if job.stale:
+                        raise PhaseFailed("load", job.stale)
                     built = await self._build(self.inplace, run, None, outcome, "reload", job.push)
                     await self._in_band(run, built)
                     outcome.ok = True
