@@ -253,7 +253,7 @@ def test_hung_forward_is_detected_and_the_worker_respawned(tmp_path: Path, serve
     t = threading.Thread(target=send_hung)
     t.start()
     time.sleep(0.5)
-    outcome = Client(config=config, timeout_s=60).reload("hang")["outcomes"][0]
+    outcome = Client(config=config, timeout_s=60).reload("hang", force=True)["outcomes"][0]
     assert outcome["ok"] is False and outcome["phase"] == "drain"
     # The drain waits at least forward_s (4 s here), never less: then the forward is hung.
     assert "still running after the 4 s drain deadline" in outcome["error"]
