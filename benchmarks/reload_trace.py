@@ -149,7 +149,7 @@ async def measure() -> dict[str, Trace]:
             await sup.start()
 
             async def file_edit() -> None:
-                outcome = await sup.reload("file", ["model.py"])
+                outcome = await sup.reload("file", ["model.py"], force=True)  # no edit made
                 assert outcome.ok, outcome.error
 
             state = {"weight": np.ones((4, 4), np.float32)}

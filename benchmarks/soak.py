@@ -73,7 +73,7 @@ def soak(folder: Path, strategy: str, reloads: int) -> dict[str, float]:
     try:
         t0 = time.perf_counter()
         for i in range(1, reloads + 1):
-            outcome = client.reload("big")["outcomes"][0]
+            outcome = client.reload("big", force=True)["outcomes"][0]
             assert outcome["ok"], outcome
             if i in (1, 10, reloads):
                 time.sleep(0.5)  # the retired worker's trim runs after the reply

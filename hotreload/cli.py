@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="model name (default: every model)")
     _add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument(
+        "--force", action="store_true", help="build even when nothing changed since the last build"
+    )
     p.set_defaults(func=_cmd_reload)
 
     p = sub.add_parser(
@@ -234,7 +237,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_reload(args: argparse.Namespace) -> int:
     from hotreload.commands.reload import reload_main
 
-    return reload_main(args.config, args.model, as_json=args.json)
+    return reload_main(args.config, args.model, as_json=args.json, force=args.force)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

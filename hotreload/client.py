@@ -185,9 +185,12 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self.call({"op": "status"}).header
 
-    def reload(self, model: str | None = None, *, timeout_s: float | None = None) -> dict[str, Any]:
-        """Ask the session to reload `model` (all models when None); waits for the outcome."""
-        header: dict[str, Any] = {"op": "reload", "model": model, "trigger": "command"}
+    def reload(
+        self, model: str | None = None, *, timeout_s: float | None = None, force: bool = False
+    ) -> dict[str, Any]:
+        """Ask the session to reload `model` (all models when None); waits for the outcome.
+        Nothing changed since the serving build: a no-op (`unchanged`) unless `force`."""
+        header = {"op": "reload", "model": model, "trigger": "command", "force": force}
         return self.call(header, timeout_s=timeout_s).header
 
     @overload

@@ -215,7 +215,7 @@ def test_serving_worker_gets_its_cpu_and_reload_work_the_rest(tmp_path: Path, se
     serving, standby = check_placement()
     shown = format_status(client.status())
     assert f"serving worker on CPU {max(allowed)}, the session and reloads on CPU " in shown
-    client.reload("mlp")
+    client.reload("mlp", force=True)
     wait_until(lambda: client.status()["models"][0]["standby"] is not None, 60, what="the standby")
     assert check_placement() == (standby, serving), "the two workers swapped roles"
 

@@ -74,7 +74,7 @@ def test_events_replay_then_stream_and_the_dashboard_sample(
             finally:
                 os.close(fd)
 
-            await client.call({"op": "reload", "model": "mlp", "trigger": "key"})
+            await client.call({"op": "reload", "model": "mlp", "trigger": "key", "force": True})
             await seen(lambda: "reload_done" in kinds(False), "reload_done, live")
 
             r = (await client.call({"op": "dashboard"})).header

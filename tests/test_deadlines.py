@@ -86,7 +86,7 @@ def test_a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(
     t = threading.Thread(target=long_forward)
     t.start()
     wait_until(lambda: 2.5 in computed(config), 30, what="the long forward to start")
-    outcome = Client(config=config, timeout_s=60).reload("sleepy")["outcomes"][0]
+    outcome = Client(config=config, timeout_s=60).reload("sleepy", force=True)["outcomes"][0]
     t.join(60)
     assert not t.is_alive()
     assert outcome["ok"] is True, outcome

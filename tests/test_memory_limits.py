@@ -213,7 +213,7 @@ def test_policy_auto_counts_the_cgroup_limit(
     move_session(session, memory_cgroup)
     memory_cgroup.limit(200 * MIB)  # host RAM is plenty; the cgroup leaves < the margin
     with Client(project, timeout_s=60) as client:
-        client.reload("mlp")
+        client.reload("mlp", force=True)
     (policy,) = [e for e in read_events(project) if e["kind"] == "policy"]
     assert policy["policy"] == "resource", policy
     assert "cgroup memory limit (200 MiB" in policy["reason"], policy

@@ -58,7 +58,7 @@ def test_reload_asked_for_while_the_worker_restarts_leaves_one_worker(project: P
     expected = client.infer("mlp", X).output
     os.kill(client.status()["models"][0]["pid"], signal.SIGKILL)
     wait_until(lambda: client.status()["models"][0]["state"] == "restarting", 30, what="restarting")
-    outcome = client.reload("mlp")["outcomes"][0]
+    outcome = client.reload("mlp", force=True)["outcomes"][0]
     assert outcome["ok"] is True and outcome["version"] == 2
     status = client.status()["models"][0]
     assert status["state"] == "serving" and status["restarts"] == 1
@@ -140,7 +140,9 @@ def test_old_worker_dying_while_a_respawn_builds_the_new_one(tmp_path: Path, ser
     mark.write_text("")
     outcomes: list[dict] = []
     t = threading.Thread(
-        target=lambda: outcomes.append(Client(config=config, timeout_s=120).reload("mlp"))
+        target=lambda: outcomes.append(
+            Client(config=config, timeout_s=120).reload("mlp", force=True)
+        )
     )
     t.start()
     wait_until(lambda: mark.read_text() == "loading", 60, what="the new worker loading")
@@ -164,14 +166,14 @@ def test_stop_during_a_reload_answers_every_waiting_caller(tmp_path: Path) -> No
         session = Session(config, endpoint=False, telemetry=False)
         try:
             await session.start()
-            first = asyncio.create_task(session.reload_model("mlp"))
+            first = asyncio.create_task(session.reload_model("mlp", force=True))
             while session.models["mlp"].reload_phase != "load":
                 await asyncio.sleep(0.01)
-            follow_up = asyncio.create_task(session.reload_model("mlp"))
+            follow_up = asyncio.create_task(session.reload_model("mlp", force=True))
             await asyncio.sleep(0)
         finally:
             await session.stop()
-        late = await session.reload_model("mlp")
+        late = await session.reload_model("mlp", force=True)
         return await first, await follow_up, late
 
     first, follow_up, late = asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -24,8 +24,10 @@ X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
 
 
 def reloaded(client: Client) -> dict:
-    """Reload the model; the outcome, which must be a success."""
-    outcome = client.reload("mlp")["outcomes"][0]
+    """Reload the model, a build even when no file changed (`force`: these tests exercise
+    the build; tests/hardening/test_unchanged_reload.py the no-op); the outcome, which
+    must be a success."""
+    outcome = client.reload("mlp", force=True)["outcomes"][0]
     assert outcome["ok"], outcome
     return outcome
 
@@ -141,10 +143,12 @@ def test_broken_edits_leave_the_old_version_serving(project: Path, serve) -> Non
     wait_version(client, 2)
     np.testing.assert_allclose(client.infer("mlp", X).output, expected * 3, rtol=1e-5)
     cmd = [sys.executable, "-m", "hotreload", "reload", "--config", str(project)]
-    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    same = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert same.returncode == 0 and "unchanged: nothing to reload" in same.stdout, same.stdout
+    ok = subprocess.run([*cmd, "--force"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "reloaded -> v3" in ok.stdout
     model.write_text(model.read_text() + "\ndef build():\n    raise ValueError('nope')\n")
-    wait_outcomes(project, len(BREAKAGES) + 3)
+    wait_outcomes(project, len(BREAKAGES) + 4)
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert (
         bad.returncode == 1 and "FAILED in load" in bad.stdout and "v3 keeps serving" in bad.stdout
@@ -249,7 +253,7 @@ def test_hung_forward_is_detected_and_the_worker_respawned(tmp_path: Path, serve
     t = threading.Thread(target=send_hung)
     t.start()
     time.sleep(0.5)
-    outcome = Client(config=config, timeout_s=60).reload("hang")["outcomes"][0]
+    outcome = Client(config=config, timeout_s=60).reload("hang", force=True)["outcomes"][0]
     assert outcome["ok"] is False and outcome["phase"] == "drain"
     # The drain waits at least forward_s (4 s here), never less: then the forward is hung.
     assert "still running after the 4 s drain deadline" in outcome["error"]
@@ -546,7 +550,7 @@ def test_two_sessions_sharing_a_lock_never_overlap(tmp_path: Path, serve) -> Non
     def reload_three(config: Path) -> None:
         client = Client(config=config, timeout_s=60)
         for _ in range(3):
-            assert client.reload()["outcomes"][0]["ok"]
+            assert client.reload(force=True)["outcomes"][0]["ok"]
 
     threads = [threading.Thread(target=reload_three, args=(c,)) for c in configs]
     for t in threads:

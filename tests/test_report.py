@@ -204,7 +204,7 @@ def test_report_command_on_a_real_session(tmp_path: Path, serve) -> None:
     with Client(config=config) as client:
         for _ in range(20):
             client.infer("mlp", np.zeros((1, 64), np.float32))
-        assert client.call({"op": "reload", "model": "mlp"}).header["ok"]
+        assert client.call({"op": "reload", "model": "mlp", "force": True}).header["ok"]
 
     def figures(kind: str) -> list[dict]:
         path = state_dir / "stats.jsonl"

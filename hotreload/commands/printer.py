@@ -130,7 +130,9 @@ FORMATTERS: dict[str, Formatter] = {
     "policy": lambda e: f"{_m(e)}: policy {e.get('policy')} ({e.get('reason')})",
     "phase_end": _phase_end,
     "reload_done": lambda e: (
-        f"{_m(e)}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
+        f"{_m(e)}: {e['unchanged']}"
+        if e.get("unchanged")
+        else f"{_m(e)}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
         f"({e.get('policy')}, {e.get('strategy')}){_weights(e)}"
         + (f"; inputs changed: {e['inputs_changed']}" if e.get("inputs_changed") else "")
     ),

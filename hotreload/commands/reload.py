@@ -15,6 +15,8 @@ from hotreload.session_call import call_session
 
 def format_outcome(o: dict[str, Any]) -> str:
     phases = "  ".join(f"{k} {v * 1000:.0f}ms" for k, v in o.get("phases", {}).items())
+    if o["ok"] and o.get("unchanged"):
+        return f"{o['model']}: {o['detail'][-1] if o.get('detail') else 'unchanged'}"
     if o["ok"]:
         head = f"{o['model']}: reloaded -> v{o['version']} in {o['total_s']:.2f} s"
         return f"{head} ({o['policy']}, {o['strategy']})\n  {phases}"
@@ -27,9 +29,13 @@ def format_outcome(o: dict[str, Any]) -> str:
     return text
 
 
-def reload_main(config: str | None, model: str | None, *, as_json: bool = False) -> int:
+def reload_main(
+    config: str | None, model: str | None, *, as_json: bool = False, force: bool = False
+) -> int:
+    """`force`: build even when nothing changed since the serving version's build (by
+    default such a reload is a no-op that says "unchanged: nothing to reload")."""
     # No timeout: a reload takes as long as the model's load (its deadlines bound it).
-    reply, code = call_session(config, lambda c: c.reload(model), timeout_s=None)
+    reply, code = call_session(config, lambda c: c.reload(model, force=force), timeout_s=None)
     if reply is None:
         return code or EXIT_FAILURE
     outcomes = reply.get("outcomes", [])

@@ -333,6 +333,9 @@ class ReloadDone(ModelEvent):
     digest: str | None = None
     #: What requests must send changed: `input [N,3,32,32] → [N,3,64,64]` (None: nothing).
     inputs_changed: str | None = None
+    #: Nothing was built: the code and weights were the serving version's (this line says
+    #: so: "unchanged: nothing to reload ..."; engine/model/unchanged.py).
+    unchanged: str | None = None
 
 
 @event("reload_failed")

@@ -356,14 +356,15 @@ class Session:
         trigger: str = "command",
         detail: list[str] | None = None,
         weights_only: bool = False,
+        force: bool = False,
     ) -> ReloadOutcome:
         """Reload one model through its serialized reloader; returns when it is done."""
-        return await self.model(name).reload(trigger, detail, weights_only=weights_only)
+        host = self.model(name)
+        return await host.reload(trigger, detail, weights_only=weights_only, force=force)
 
-    async def reload_all(self, *, trigger: str = "command") -> list[ReloadOutcome]:
-        return list(
-            await asyncio.gather(*(self.reload_model(n, trigger=trigger) for n in self.models))
-        )
+    async def reload_all(self, *, trigger: str = "command", force: bool = False) -> list[Any]:
+        reloads = (self.reload_model(n, trigger=trigger, force=force) for n in self.models)
+        return list(await asyncio.gather(*reloads))
 
     async def rewarm(self, name: str | None) -> dict[str, Any]:
         """Run the serving version's warm-up again (on its serving thread, between requests)."""
@@ -387,11 +388,11 @@ class Session:
         self, header: dict[str, Any], payload: memoryview | bytes
     ) -> tuple[dict[str, Any], list[Any]]:
         name = header.get("model")
-        trigger = str(header.get("trigger") or "command")
+        trigger, force = str(header.get("trigger") or "command"), header.get("force") is True
         if name is None and len(self.models) > 1:
-            outcomes = await self.reload_all(trigger=trigger)
+            outcomes = await self.reload_all(trigger=trigger, force=force)
         else:
-            outcomes = [await self.reload_model(name, trigger=trigger)]
+            outcomes = [await self.reload_model(name, trigger=trigger, force=force)]
         return {"ok": True, "outcomes": [o.as_dict() for o in outcomes]}, []
 
     async def _op_update_weights(

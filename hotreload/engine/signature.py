@@ -77,13 +77,17 @@ def _varies(dims: Sequence[int]) -> str:
 
 
 def shape_problem(label: str, shape: Sequence[int], dims: Sequence[int], text: bool) -> str | None:
-    """None when `shape` fits `dims`; else a message naming the dimension."""
-    if text and len(shape) == len(dims) + 1 and shape[-1] == 1:
-        shape = shape[:-1]  # strings as [N, 1], as Triton clients often send them
+    """None when `shape` fits `dims`; else a message naming the dimension. Strings get no
+    extra dimension: [N, 1] for a [-1] input is refused, as Triton refuses it for the
+    exported model (its dims are hotreload's) and as the model metadata says."""
     if len(shape) != len(dims):
+        hint = ""
+        if text and len(shape) == len(dims) + 1 and shape[-1] == 1:
+            flat = format_dims(dims) if dims else "[] (one string)"
+            hint = f"; send the strings with shape {flat}, without the trailing 1"
         return (
             f"{label}: expected shape {format_dims(dims)} ({_varies(dims)}), got "
-            f"{list(shape)}: {len(shape)} dimension(s) instead of {len(dims)}"
+            f"{list(shape)}: {len(shape)} dimension(s) instead of {len(dims)}{hint}"
         )
     for i, (got, want) in enumerate(zip(shape, dims, strict=True)):
         if want != -1 and got != want:
@@ -93,6 +97,21 @@ def shape_problem(label: str, shape: Sequence[int], dims: Sequence[int], text: b
                 f"there, declare it -1 in the model's `shapes`)"
             )
     return None
+
+
+def _takes(expected: Sequence[Mapping[str, Any]]) -> str:
+    """`input_ids (int64 [-1, -1]), attention_mask (int64 [-1, -1])`: what to send."""
+    return ", ".join(f"{e['name']} ({e['dtype']} {format_dims(dims_of(e))})" for e in expected)
+
+
+def _names_problem(got: list[str], want: list[str]) -> str:
+    unknown = [n for n in got if n not in want]
+    missing = [n for n in want if n not in got]
+    parts = [f"the model has no input named {', '.join(map(repr, unknown))}"] if unknown else []
+    parts += [f"input {', '.join(map(repr, missing))} is missing"] if missing else []
+    if not parts:  # the same names, one of them twice
+        parts = [f"inputs {got} name one input more than once"]
+    return "; ".join(parts)
 
 
 def check_inputs(
@@ -107,12 +126,12 @@ def check_inputs(
     want = {e["name"]: e for e in expected}
     if expected_form == "single":
         if len(metas) != 1:
-            return f"expected one input tensor, got {len(metas)}"
+            return f"expected one input tensor, got {len(metas)}; it takes {_takes(expected)}"
         pairs = [(metas[0], expected[0])]
     else:
         got_names = [m["name"] for m in metas]
         if sorted(got_names) != sorted(want):
-            return f"expected inputs named {sorted(want)}, got {got_names}"
+            return f"{_names_problem(got_names, list(want))}; the model takes {_takes(expected)}"
         pairs = [(m, want[m["name"]]) for m in metas]
     for meta, exp in pairs:
         label = exp["name"] if expected_form != "single" else "input"

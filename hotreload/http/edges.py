@@ -5,6 +5,8 @@
   error level and answers in text, so a fuzzer filled the log and confused clients.
 - aiohttp's own 404/405/413 become JSON, and a 405 keeps the `Allow` header RFC 9110
   requires of it.
+- A chunked body that declares more than the body limit is refused at once
+  (http/chunk_limit.py), and the connection closes after the 413 without reading the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
+
+from hotreload.http.chunk_limit import ChunkLimitParser
 
 
 def _json(doc: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> web.Response:
@@ -40,6 +44,17 @@ def http_exception_response(request: web.Request, exc: web.HTTPException) -> web
 
 
 class _JsonErrorHandler(RequestHandler):
+    def __init__(self, manager: Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        limit = getattr(manager, "max_body_bytes", None)
+        if limit:
+            self._parser = ChunkLimitParser(self._parser, limit, self._close_after_response)
+
+    def _close_after_response(self) -> None:
+        # A body refused for its declared size is not read on: aiohttp would read the rest
+        # for up to 10 s after the response ("lingering"); the connection closes instead.
+        self._lingering_time = 0.0
+
     def handle_error(
         self,
         request: Any,
@@ -63,8 +78,10 @@ class _JsonErrorServer(Server):
         return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
 
 
-def answer_parse_errors_in_json(runner: web.AppRunner) -> None:
-    """Make a set-up runner's connections answer unparsable requests with a JSON 400."""
+def answer_parse_errors_in_json(runner: web.AppRunner, max_body_bytes: int | None = None) -> None:
+    """Make a set-up runner's connections answer unparsable requests with a JSON 400, and
+    refuse a chunked body declaring more than `max_body_bytes` at once (413)."""
     server = runner.server
     if server is not None and type(server) is Server:
         server.__class__ = _JsonErrorServer
+        server.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]

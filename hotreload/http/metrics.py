@@ -198,6 +198,8 @@ class SessionMetrics:
             case PhaseEnd(model=model, phase=phase, duration_s=duration, skipped=skipped):
                 if not skipped and isinstance(duration, (int, float)):
                     self.reload_phase_seconds.labels(model, phase).observe(duration)
+            case ReloadDone(unchanged=str()):
+                pass  # nothing was built: no reload to count
             case ReloadDone(model=model, trigger=trigger, total_s=total):
                 self.reloads.labels(model, "success", trigger or "unknown").inc()
                 if isinstance(total, (int, float)):

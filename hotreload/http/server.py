@@ -391,7 +391,7 @@ class HttpEndpoint:
             auto_decompress=False,
         )
         await runner.setup()
-        answer_parse_errors_in_json(runner)
+        answer_parse_errors_in_json(runner, self._app.max_body_bytes)
         self._runners.append(runner)
         site = web.TCPSite(runner, self.host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         try:

@@ -260,6 +260,8 @@ class DashboardApp(App[int]):
                 self.notify(str(error), title="config error", severity="error", timeout=10)
             case ConfigChanged(detail=detail):
                 self.notify(str(detail), severity="warning", timeout=8)
+            case ReloadDone(model=m, unchanged=str() as same):
+                self.notify(f"{m}: {same}", timeout=3)
             case ReloadDone(model=m, version=v, total_s=total_s):
                 self.notify(f"{m}: v{v} live in {total_s or 0:.2f} s", timeout=3)
             case ReloadFailed(model=m, version=v, phase=phase, error=error):

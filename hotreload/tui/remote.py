@@ -141,7 +141,9 @@ class RemoteSource:
     # ------------------------------------------------------------------ keys
 
     async def reload(self, model: str | None) -> list[ReloadOutcome]:
-        r = await self._call({"op": "reload", "model": model, "trigger": "key"})
+        # A key pressed on purpose builds even when nothing changed (`hotreload reload
+        # --force`): the way to rebuild a model whose build reads what is not watched.
+        r = await self._call({"op": "reload", "model": model, "trigger": "key", "force": True})
         return [ReloadOutcome(**o) for o in r["outcomes"]]
 
     async def rewarm(self, model: str) -> dict[str, Any]:

@@ -317,7 +317,7 @@ def reload_rows(
         )
     for o in reversed(sample.reloads if sample else ()):
         outcome = (
-            Text(f"v{o.version} ok", "green")
+            Text(f"v{o.version} {'unchanged' if o.unchanged else 'ok'}", "green")
             if o.ok
             else Text(f"FAILED {o.phase or ''}".strip(), "bold red")
         )
@@ -345,6 +345,8 @@ def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -
             return t
         return Text("no reload yet: edit a watched file, or press r", "dim")
     phases = " · ".join(f"{p} {s * 1000:.1f}" for p, s in o.phases.items())
+    if o.ok and o.unchanged:
+        return Text(o.detail[-1] if o.detail else "unchanged: nothing to reload", "green")
     if o.ok:
         return Text.assemble((f"v{o.version} phases (ms): ", "bold green"), phases)
     t = Text()

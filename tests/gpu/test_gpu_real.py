@@ -143,7 +143,7 @@ def test_respawn_on_cuda_hands_over_and_recycles_the_retired_worker(
     traffic = Traffic(config, threads=2)
     try:
         for _ in range(3):
-            outcome = client.reload("mlp")["outcomes"][0]
+            outcome = client.reload("mlp", force=True)["outcomes"][0]
             assert outcome["ok"], outcome
     finally:
         traffic.stop()

@@ -54,9 +54,9 @@ def test_device_memory_back_to_baseline_after_20_in_place_reloads(
         worker = client.status()["models"][0].get("worker") or {}
         return int((worker.get("allocator") or {}).get("allocated_bytes") or 0)
 
-    assert client.reload("mlp")["outcomes"][0]["ok"]
+    assert client.reload("mlp", force=True)["outcomes"][0]["ok"]
     first = allocated()
     for _ in range(20):
-        outcome = client.reload("mlp")["outcomes"][0]
+        outcome = client.reload("mlp", force=True)["outcomes"][0]
         assert outcome["ok"], outcome
     assert allocated() <= first + MiB

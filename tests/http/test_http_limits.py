@@ -63,7 +63,8 @@ def test_a_chunk_that_never_arrives_gets_408_by_the_deadline(tmp_path: Path, htt
         sock.sendall(
             b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"FFFFFFFFFF\r\n" + b'{"inputs": ['
+            # Within the body limit (a larger declared chunk gets 413 at once: chunk_limit.py).
+            b"400\r\n" + b'{"inputs": ['
         )
         answer = read_until_closed(sock)  # closed by the server, not by our timeout
     finally:
@@ -156,3 +157,50 @@ def test_http_limit_keys_are_checked(tmp_path: Path, line: str, message: str) ->
     config.write_text(config.read_text() + f"\n[http]\n{line}\n")
     with pytest.raises(ConfigError, match=message):
         load_config(config)
+
+
+def test_a_chunked_body_over_the_limit_gets_413_before_it_is_all_sent(
+    tmp_path: Path, http_serve
+) -> None:
+    """Chunks of 64 KiB against a 1 MiB limit: the 17th chunk's size line alone, with none
+    of its bytes (the body so far is exactly the limit), gets the 413 at once, and the
+    connection closes; the other 23 chunks are never sent. (The body deadline is 60 s; a
+    late answer fails on the socket's 30 s timeout.)"""
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace("[[models]]", "max_frame_mib = 1\n[[models]]", 1))
+    server = http_serve(config)
+    head = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"10000\r\n" + b" " * 0x10000 + b"\r\n"
+    sock = connect(server.url)
+    try:
+        sock.sendall(head)
+        for _ in range(16):
+            sock.sendall(chunk)  # 1 MiB: at the limit, not past it
+        sock.sendall(b"10000\r\n")
+        answer = read_until_closed(sock)
+    finally:
+        sock.close()
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 413"), answer[:300]
+    message = json.loads(body)["error"]
+    assert "declares at least 1114112 bytes, over the 1048576-byte limit" in message
+    # A chunked body within the limit is served, and so is the request after it.
+    doc = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": X}]}
+    )
+    half = len(doc) // 2
+    sock = connect(server.url)
+    try:
+        sock.sendall(head)
+        for part in (doc[:half], doc[half:]):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(part), part.encode()))
+        sock.sendall(
+            b"0\r\n\r\nGET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        answer = read_until_closed(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 200") == 2, answer[:300]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,9 +43,22 @@ class ReloadOutcome:
     total_s: float = 0.0
     detail: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    #: Nothing was built: code and weights were the serving version's (unchanged.py).
+    unchanged: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @classmethod
+    def internal_error(cls, model: str, version: int, job: Job, exc: Exception) -> ReloadOutcome:
+        """A bug of ours in `job`, not the user's: said with its traceback; reloads go on."""
+        why = f"internal error during the reload: {exc!r}"
+        trigger = getattr(job, "trigger", job.kind)  # a reload's trigger; "push"
+        out = cls(
+            model, False, version, trigger, error=why, detail=list(getattr(job, "detail", []))
+        )
+        out.traceback = traceback.format_exc()
+        return out
 
 
 class PhaseFailed(Exception):
@@ -96,8 +110,13 @@ class ReloadJob(Job):
     detail: list[str] = field(default_factory=list)
     #: Only weights files changed: the code need not be imported again.
     weights_only: bool = False
+    #: Build even when nothing changed (`hotreload reload --force`, the dashboard's key).
+    force: bool = False
 
-    def merge(self, trigger: str, detail: list[str], weights_only: bool) -> None:
+    def merge(
+        self, trigger: str, detail: list[str], weights_only: bool, force: bool = False
+    ) -> None:
+        self.force = self.force or force
         if trigger not in self.trigger.split("+"):
             self.trigger += "+" + trigger
         self.detail += [d for d in detail if d not in self.detail]
@@ -153,7 +172,7 @@ class JobQueue:
         """Queue `job`, or return the queued job that already covers it."""
         for queued in self._jobs:
             if isinstance(job, ReloadJob) and isinstance(queued, ReloadJob):
-                queued.merge(job.trigger, job.detail, job.weights_only)
+                queued.merge(job.trigger, job.detail, job.weights_only, job.force)
                 return queued
             if (
                 isinstance(job, RestartJob)

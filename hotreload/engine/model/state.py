@@ -213,7 +213,8 @@ class ModelState:
             self.events.emit(ReloadFailed(**fields))
             return outcome
         change = inputs_change(inputs_before, current.inputs) if inputs_before and current else None
-        self.events.emit(ReloadDone(**fields, inputs_changed=change))
+        same = outcome.detail[-1] if outcome.unchanged and outcome.detail else None
+        self.events.emit(ReloadDone(**fields, inputs_changed=change, unchanged=same))
         return outcome
 
     def serve_on(self) -> None:

@@ -4,8 +4,8 @@ Every change to which worker serves, or which version, is a job (jobs.py) run on
 time by `JobLoop`. Each job is one method here, read top to bottom:
 
     _start    spawn -> [device lock] build -> serve              (the model's first worker)
-    _reload   lock -> policy -> checkpoint wait -> snapshot -> build -> swap -> retire
-              -> digest -> promote -> history
+    _reload   lock -> checkpoint wait -> snapshot -> [unchanged: stop] -> policy -> build
+              -> swap -> retire -> digest -> promote -> history
     _push     lock -> base check -> build in the serving worker -> in-band swap -> digest
     restart   recovery.py: kill -> [GPU reset] -> bring up the last good snapshot -> serve
     stop      the running job is cancelled, queued ones never run, workers stop
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from hotreload.engine.event_kinds import RecycleDisabled, ReloadRequested, Weigh
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import phases, pushes, snapshot_keeper, swaps
+from hotreload.engine.model import phases, pushes, snapshot_keeper, swaps, unchanged
 from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.inplace import InPlace
 from hotreload.engine.model.jobs import (
@@ -147,16 +146,21 @@ class ModelSupervisor:
         await asyncio.shield(self.submit(StartJob()).future)
 
     async def reload(
-        self, trigger: str, detail: list[str] | None = None, *, weights_only: bool = False
+        self,
+        trigger: str,
+        detail: list[str] | None = None,
+        *,
+        weights_only: bool = False,
+        force: bool = False,
     ) -> ReloadOutcome:
-        """Reload and return the outcome. While one runs, requests collapse into exactly one
-        follow-up reload (with the newest files), whose outcome they all get."""
+        """Reload and return the outcome (unchanged.py: none when nothing changed, unless
+        `force`). Requests while one runs collapse into one follow-up with the newest files."""
         detail = list(detail or [])
         if self.jobs.closed:
             # A reload asked for during shutdown would start a worker nobody stops.
             return self.not_run(trigger, detail, "the session is stopping; the reload was not run")
         self._requested(trigger, detail)
-        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only)
+        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only, force=force)
         return await asyncio.shield(self.submit(job).future)
 
     async def push(
@@ -212,12 +216,6 @@ class ModelSupervisor:
 
     def not_run(self, trigger: str, detail: list[str], why: str) -> ReloadOutcome:
         return ReloadOutcome(self.name, False, self.version, trigger, error=why, detail=detail)
-
-    def _bug(self, trigger: str, detail: list[str], exc: Exception) -> ReloadOutcome:
-        # A bug of ours, not the user's: say so with the traceback, keep reloading.
-        outcome = self.not_run(trigger, detail, f"internal error during the reload: {exc!r}")
-        outcome.traceback = traceback.format_exc()
-        return outcome
 
     def _requested(self, trigger: str, detail: list[str]) -> None:
         self.events.emit(
@@ -309,16 +307,19 @@ class ModelSupervisor:
                 old, candidate = rec.serving, None
                 try:
                     cold = old is None or not old.alive or rec.current is None
-                    outcome.policy = "start"
-                    if not cold:
-                        outcome.policy = await choose_policy(
-                            self.model, rec.current, old, self.worker_status, self.events
-                        )
                     await phases.wait_for_checkpoints(run, self.model, self.events)
                     candidate = await st.snapshot(
                         self.snapshot_dir, self.config, self.ignore, rec.next_version
                     )
-                    await self._build_and_swap(run, job, outcome, old, cold)
+                    if not cold and not job.force:  # the serving version again: no build
+                        await unchanged.check(outcome, self.model, self.config.root, rec, candidate)
+                    if not outcome.unchanged:
+                        outcome.policy = "start"
+                        if not cold:
+                            outcome.policy = await choose_policy(
+                                self.model, rec.current, old, self.worker_status, self.events
+                            )
+                        await self._build_and_swap(run, job, outcome, old, cold)
                     outcome.ok = True
                 except PhaseFailed as exc:
                     await self._failed(exc, outcome)
@@ -327,15 +328,15 @@ class ModelSupervisor:
                     if not snapshot_keeper.is_good(rec.good_snapshot, candidate):
                         snapshot_keeper.remove(candidate)
                     raise
-                outcome.version = self.version
-                if outcome.ok:
+                outcome.version, built = self.version, outcome.ok and not outcome.unchanged
+                if built:
                     await st.settle_digest(run)
                     await st.promote(candidate)
                 await self.recovery.restart_if_lost(outcome)
-                if not outcome.ok and not snapshot_keeper.is_good(rec.good_snapshot, candidate):
+                if not built and not snapshot_keeper.is_good(rec.good_snapshot, candidate):
                     await snapshot_keeper.discard(candidate)
         except Exception as exc:
-            outcome = self._bug(job.trigger, job.detail, exc)
+            outcome = ReloadOutcome.internal_error(self.name, self.version, job, exc)
         finally:
             st.job_done()
         return self.st.finish(outcome, started, inputs_before)
@@ -439,7 +440,7 @@ class ModelSupervisor:
                     await self.st.settle_digest(run)  # a push changes no file: the snapshot holds
                 await self.recovery.restart_if_lost(outcome)
         except Exception as exc:
-            outcome = self._bug("push", job.detail, exc)
+            outcome = ReloadOutcome.internal_error(self.name, self.version, job, exc)
         finally:
             st.job_done()
         return self.st.finish(outcome, started)
@@ -469,7 +470,7 @@ class ModelSupervisor:
         root, rec = self.config.root, self.record
         return make_spec(self.model, root, rec, self.router, mode, job, push, self.events)
 
-    # ------------------------------------------------------------------ stop
+    # ------------------------------------------------------------------ stop, status
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """The last job: the running one is cancelled (a build can take minutes), queued
@@ -489,8 +490,6 @@ class ModelSupervisor:
     async def _escalate(self) -> None:
         if self.escalate is not None:
             await self.escalate(self)
-
-    # ------------------------------------------------------------------ status
 
     async def worker_status(self, timeout_s: float = 1.0, max_age_s: float = 0.0) -> dict[str, Any]:
         return await self._figures.read(self.record.serving, timeout_s, max_age_s)
