@@ -101,3 +101,25 @@ def test_zsh_script_names_the_model_completer() -> None:
     assert "_hotreload_models() {" in script
     assert "'1::model:_hotreload_models'" in script  # reload MODEL, status MODEL
     assert "--model[" in script and ":model:_hotreload_models'" in script
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_model_completer_reads_the_config_typed_or_the_folders(tmp_path: Path) -> None:
+    (tmp_path / "hotreload.toml").write_text(TWO_MODELS)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "hotreload.toml").write_text('[[models]]\nname = "cnn"\n')
+    # compadd stubbed to print what it is given: _arguments needs a live completion widget.
+    cmd = (
+        "compdef() { :; }\n" + zsh_script(build_parser()) + "\n"
+        'compadd() { shift; print -l -- "${(@P)1}"; }\n'
+        "_hotreload_prog=hotreload\n"
+        'words=(reload ""); _hotreload_models\n'
+        'words=(check --config proj --model ""); _hotreload_models\n'
+    )
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    res = subprocess.run(
+        ["zsh", "-f", "-c", cmd], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["encoder", "ranker", "cnn"]
