@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("status", help="show the models of a running session")
+    p.add_argument("model", nargs="?", help="show only this model (default: every model)")
     _add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_status)
@@ -165,14 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
         "zsh: `hotreload completion zsh > ~/.zfunc/_hotreload` with ~/.zfunc on $fpath, "
         "or `source <(hotreload completion zsh)` after compinit.",
     )
-    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    p.add_argument("shell", nargs="?", choices=["bash", "zsh"], help="the shell to complete in")
+    # What the scripts call at each TAB for a model name: the config's names, one a line.
+    p.add_argument("--model-names", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
     p.set_defaults(func=lambda args: _cmd_completion(parser, args))
     return parser
 
 
 def _cmd_completion(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from hotreload.commands.completion import completion_main
+    from hotreload.commands.completion import completion_main, model_names
 
+    if args.model_names:
+        print("\n".join(model_names(args.config)))
+        return 0
+    if args.shell is None:
+        print(
+            "hotreload completion: name the shell: `hotreload completion bash` or `zsh`",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return completion_main(parser, args.shell)
 
 
@@ -231,7 +244,7 @@ def _cmd_export_triton(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from hotreload.commands.status import status_main
 
-    return status_main(args.config, as_json=args.json)
+    return status_main(args.config, as_json=args.json, model=args.model)
 
 
 def _cmd_reload(args: argparse.Namespace) -> int:

@@ -256,6 +256,8 @@ def gpu_scenario(steps: int = 240) -> tuple[list[Sample], DashboardState]:
             gpu=gpu,
             xids=xids,
             xid_sources=sources,
+            http_url="http://127.0.0.1:8000",
+            socket=".hotreload/hotreload.sock",
         )
 
     return _play(at, steps)
@@ -283,6 +285,7 @@ def cpu_scenario(steps: int = 240) -> tuple[list[Sample], DashboardState]:
             gpu=gpu,
             xids=(),
             xid_sources=sources,
+            socket=".hotreload/hotreload.sock",
         )
 
     return _play(at, steps)

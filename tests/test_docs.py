@@ -87,17 +87,18 @@ def _bootstrapped() -> bool:
 
 
 class _Demo(ServeProcess):
-    """`./scripts/demo.sh --no-tui` as the README shows it (plain lines: no terminal)."""
+    """`./scripts/demo.sh --no-tui` as the README shows it (plain lines: no terminal), with
+    its copy of the example in `work` (HOTRELOAD_DEMO_DIR) instead of the clone's demo/."""
 
-    def __init__(self) -> None:
-        self.config = REPO / "examples" / "mlp" / "hotreload.toml"
+    def __init__(self, work: Path) -> None:
+        self.config = work / "mlp" / "hotreload.toml"
         self.proc = subprocess.Popen(
             ["./scripts/demo.sh", "--no-tui"],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", HOTRELOAD_DEMO_DIR=str(work)),
             start_new_session=True,
         )
         import threading
@@ -107,30 +108,53 @@ class _Demo(ServeProcess):
         self._reader.start()
 
 
-def test_getting_started_commands_run_against_the_demo() -> None:
-    """The demo, then the three commands the getting-started page runs beside it."""
+def _digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and ".hotreload" not in p.parts
+    }
+
+
+def test_getting_started_commands_run_against_the_demo(tmp_path: Path) -> None:
+    """The demo, then the commands the getting-started page runs beside it (new weights
+    included); the example the repository tracks stays as it was."""
     if not _bootstrapped():
         pytest.skip("scripts/bootstrap.sh would install first (run scripts/test.sh)")
     venv = REPO / ".venv" / "bin"
-    config = "examples/mlp/hotreload.toml"
-    status = [str(venv / "hotreload"), "status", "--config", config]
-    if subprocess.run(status, cwd=REPO, capture_output=True, timeout=60).returncode == 0:
-        pytest.skip("a session already serves the example (a demo running here?)")
     page = (DOCS / "getting-started.md").read_text()
     shown = [
         line.split("#")[0].split()
         for block in _blocks(page, "sh")
         for line in block.splitlines()
-        if line.startswith(".venv/bin/") and "examples/mlp" in line and "make_weights" not in line
+        if line.startswith(".venv/bin/") and "demo/mlp" in line
     ]
-    assert len(shown) == 3, shown
-    demo = _Demo()
+    shown += [
+        cmd.split()
+        for cmd in re.findall(r"`(\.venv/bin/python demo/mlp/make_weights\.py[^`]*)`", page)
+    ]
+    assert len(shown) == 4, shown
+    # The page's paths, pointed at this test's copy of the example.
+    shown = [[w.replace("demo/mlp", str(tmp_path / "mlp")) for w in cmd] for cmd in shown]
+    status = [str(venv / "hotreload"), "status", "--config", str(tmp_path / "mlp")]
+    if subprocess.run(status, cwd=REPO, capture_output=True, timeout=60).returncode == 0:
+        pytest.skip("a session already serves the demo copy (a demo running here?)")
+    before = _digests(REPO / "examples")
+    demo = _Demo(tmp_path)
     try:
         demo.wait_ready(timeout=90)
+        assert f"demo: copied examples/mlp to {tmp_path / 'mlp'}/" in demo.output
         for cmd in shown:
             out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
             assert out.returncode == 0, f"{cmd}: {out.stdout}{out.stderr}"
             if "client.py" in cmd[1]:
                 assert out.stdout.startswith("v1 ")
+            if "make_weights.py" in cmd[1]:
+                assert str(tmp_path / "mlp" / "weights.safetensors") in out.stdout
     finally:
         demo.close()
+    # New weights went to the copy; nothing under examples/ changed.
+    assert _digests(REPO / "examples") == before
+    assert _digests(tmp_path / "mlp")["weights.safetensors"] != before["mlp/weights.safetensors"]

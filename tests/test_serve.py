@@ -135,6 +135,9 @@ def test_status_reports_figures(project: Path, serve) -> None:
     from hotreload.cli import main
 
     assert main(["status", "--config", str(project)]) == 0
+    # One model by name (what completion offers), and a name the session does not serve.
+    assert main(["status", "mlp", "--config", str(project)]) == 0
+    assert main(["status", "nope", "--config", str(project)]) == 2
 
 
 def test_status_says_why_cpus_auto_pinned_nothing(

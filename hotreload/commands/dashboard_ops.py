@@ -42,6 +42,15 @@ def _plain(event: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(event, default=str))
 
 
+def _http_url(front_ends: list[Any]) -> str | None:
+    """The HTTP endpoint's base URL, when the session serves HTTP."""
+    for front_end in front_ends:
+        url = getattr(front_end, "url", None)
+        if isinstance(url, str):
+            return url
+    return None
+
+
 def register(ws: WatchSession) -> None:
     """Add the dashboard ops to the session's socket."""
     session = ws.session
@@ -83,6 +92,9 @@ def register(ws: WatchSession) -> None:
             "waiting": len(ws.watcher.waiting),
             "phases": {n: v.phase for n, v in views.items() if v.phase},
             "inputs": {n: [v.input_form, list(v.inputs)] for n, v in views.items() if v.inputs},
+            # Where clients reach the models, shown under the models table.
+            "http_url": _http_url(session.front_ends),
+            "generators": [n for n, h in session.models.items() if h.model.generator],
         }, []
 
     async def pause(header: dict[str, Any], payload: Any) -> Reply:

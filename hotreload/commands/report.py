@@ -12,11 +12,12 @@ import html
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, Xid
+from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, SessionStarted, Xid
 from hotreload.engine.events import typed
 from hotreload.engine.stats_log import STATS_FILE
 from hotreload.errors import HotreloadError
@@ -69,6 +70,27 @@ class Log:
     xids: list[dict[str, Any]]
     start: float
     end: float
+    #: The session's pid (from its `session_started`), None for lines from before one.
+    pid: int | None = None
+    #: One Log per session the files hold (each `session_started` opens one), oldest first;
+    #: empty on a Log that is itself one session.
+    sessions: list[Log] = field(default_factory=list)
+
+    def window(self, start: float, end: float, pid: int | None, times: Sequence[float] = ()) -> Log:
+        """What happened in [start, end): one session of the files, on its own times.
+        `times`: every line's time, so a session's axis ends at its last line of any kind."""
+
+        def inside(ts: float) -> bool:
+            return start <= ts < end
+
+        stats = [s for s in self.stats if inside(float(s["ts"]))]
+        memory = [m for m in self.memory if inside(float(m["ts"]))]
+        xids = [x for x in self.xids if inside(float(x["ts"]))]
+        reloads = [r for r in self.reloads if inside(r.started + r.total_s)]
+        seen = [start] + [t for t in times if inside(t)]
+        seen += [float(x["ts"]) for x in (*stats, *memory, *xids)]
+        last = min(max(seen + [r.started + r.total_s for r in reloads]), end)
+        return Log(reloads, stats, memory, xids, start, max(last, start), pid=pid)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -112,7 +134,7 @@ def read_log(state_dir: Path) -> Log:
                 r.phases.append((p.phase, offset, dur, p.ok is not False))
         reloads.append(r)
     times = [float(e["ts"]) for e in events] + [float(s["ts"]) for s in samples]
-    return Log(
+    log = Log(
         reloads=reloads,
         stats=[s for s in samples if s.get("kind") == "stats"],
         memory=[s for s in samples if s.get("kind") == "memory"],
@@ -120,6 +142,17 @@ def read_log(state_dir: Path) -> Log:
         start=min(times, default=0.0),
         end=max(times, default=0.0),
     )
+    # Both files grow across runs of watch and serve: one time axis over all of them would
+    # squash each run into a sliver beside the hours between them. Each session_started
+    # opens a session that lasts until the next one.
+    starts = [(ts, getattr(e, "pid", None)) for ts, e in seen if isinstance(e, SessionStarted)]
+    if starts and log.start < starts[0][0]:
+        starts.insert(0, (log.start, None))  # lines from before the first recorded start
+    bounds = [ts for ts, _ in starts[1:]] + [log.end + 1.0]
+    log.sessions = [
+        log.window(ts, end, pid, times) for (ts, pid), end in zip(starts, bounds, strict=True)
+    ]
+    return log
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -148,9 +181,11 @@ class TimeAxis:
         for i in range(6):
             ts = self.start + self.span * i / 5
             x = self.x(ts)
+            # The last label ends at its tick: centred, it would run off the page's edge.
+            anchor = "end" if i == 5 else "middle"
             out.append(
                 f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height}" class="grid"/>'
-                f'<text x="{x:.1f}" y="{height + 14}" class="tick" text-anchor="middle">'
+                f'<text x="{x:.1f}" y="{height + 14}" class="tick" text-anchor="{anchor}">'
                 f"{_hms(ts)}</text>"
             )
         return "".join(out)
@@ -210,13 +245,29 @@ def time_chart(log: Log, axis: TimeAxis, series: list[tuple[str, str, str]], uni
     )
 
 
+#: A reload this many times the median is drawn cut at the edge, not as the scale: one 60 s
+#: deadline failure would otherwise shrink every 100 ms reload to a pixel.
+OUTLIER_RATIO = 4.0
+
+
+def waterfall_scale(totals: list[float]) -> float:
+    """The duration the waterfall's width stands for: the longest reload that is not an
+    outlier (over OUTLIER_RATIO times the median)."""
+    ordered = sorted(totals)
+    if not ordered:
+        return 1e-3
+    median = ordered[(len(ordered) - 1) // 2]  # the lower one: of two, the usual one
+    usual = [t for t in ordered if t <= OUTLIER_RATIO * median]
+    return max(usual[-1] if usual else ordered[-1], 1e-3)
+
+
 def waterfall(reloads: list[Reload]) -> str:
     """One row per reload (newest last), each phase a bar where it ran in the reload."""
     if not reloads:
-        return '<p class="none">no reload in this log</p>'
+        return '<p class="none">no reload in this session</p>'
     shown = reloads[-40:]
-    longest = max((r.total_s for r in shown), default=0.0) or 1e-3
-    row, left, width = 22, 260, WIDTH - 270
+    scale = waterfall_scale([r.total_s for r in shown])
+    row, left, width = 22, 260, WIDTH - 360  # room on the right for a cut bar's time
     out = []
     for i, r in enumerate(shown):
         y = i * row
@@ -226,21 +277,34 @@ def waterfall(reloads: list[Reload]) -> str:
             f"{status} {r.total_s * 1000:.0f} ms</text>"
         )
         for phase, offset, dur, ok in r.phases:
-            x = left + offset / longest * width
-            w = max(dur / longest * width, 1.5)
+            if offset >= scale:
+                continue
+            x = left + offset / scale * width
+            w = max(min(dur, scale - offset) / scale * width, 1.5)
             colour = PHASE_COLOURS.get(phase, OTHER_PHASE)
             edge = f' stroke="{XID_MARK}" stroke-width="3"' if not ok else ""
             out.append(
                 f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
                 f'fill="{colour}"{edge}><title>{_esc(phase)} {dur * 1000:.1f} ms</title></rect>'
             )
+        if r.total_s > scale * 1.001:
+            out.append(
+                f'<text x="{left + width + 4}" y="{y + 15}" class="cut">'
+                f"&#8811; {r.total_s:.1f} s</text>"
+            )
     legend = " ".join(
         f'<span class="key" style="background:{c}"></span>{p}' for p, c in PHASE_COLOURS.items()
     )
+    cut = sum(r.total_s > scale * 1.001 for r in shown)
+    note = (
+        f"the width is {scale * 1000:.0f} ms; {cut} longer reload(s) are cut at the edge, "
+        "their time written beside them"
+        if cut
+        else f"the longest reload spans the width, {scale * 1000:.0f} ms"
+    )
     return (
         f'<svg viewBox="0 0 {WIDTH} {len(shown) * row + 4}" class="chart">{"".join(out)}</svg>'
-        f'<p class="legend">{legend} (bars to scale: the longest reload spans the width, '
-        f"{longest * 1000:.0f} ms)</p>"
+        f'<p class="legend">{legend} (bars to scale: {note})</p>'
     )
 
 
@@ -291,19 +355,33 @@ body { font: 14px system-ui, sans-serif; margin: 24px; color: #222; background: 
 h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
 .chart { width: 100%; height: auto; display: block; }
 .grid { stroke: #e9ecef; } .tick { font-size: 11px; fill: #666; } .label { font-size: 12px; }
+.cut { font-size: 12px; fill: #c92a2a; } .session { border-top: 2px solid #ced4da; }
 .legend, .none { color: #666; font-size: 12px; }
 .key { display: inline-block; width: 10px; height: 10px; margin: 0 3px 0 10px; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px; border-bottom: 1px solid #ddd; }
 """
 
 
-def render_html(log: Log, title: str) -> str:
-    axis = TimeAxis(log.start, log.end)
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _counts(log: Log) -> str:
     failed = sum(not r.ok for r in log.reloads)
-    summary = (
-        f"{_hms(log.start)} to {_hms(log.end)}: {len(log.reloads)} reload(s), {failed} failed; "
-        f"{len(log.xids)} Xid event(s)"
+    return (
+        f"{len(log.reloads)} reload(s), {failed} failed; {len(log.xids)} Xid event(s); "
+        f"{len(log.stats)} request figure(s)"
     )
+
+
+def _session_name(log: Log, number: int) -> str:
+    who = f"pid {log.pid}" if log.pid is not None else "before the first recorded start"
+    return f"Session {number} ({who})"
+
+
+def session_html(log: Log, heading: str = "", anchor: str = "") -> str:
+    """One session's charts, on its own time axis."""
+    axis = TimeAxis(log.start, log.end)
     latency = time_chart(
         log, axis, [("p99_ms", P99_LINE, "p99"), ("p50_ms", P50_LINE, "p50")], "ms"
     )
@@ -313,17 +391,41 @@ def render_html(log: Log, title: str) -> str:
         if log.stats
         else '<p class="none">no request figures (stats.jsonl): send requests while it runs</p>'
     )
+    span = f"{_when(log.start)} to {_hms(log.end)} ({log.end - log.start:.0f} s)"
+    top = f'<h2 id="{anchor}" class="session">{_esc(heading)}</h2>' if heading else ""
+    level = "h3" if heading else "h2"
+    return f"""{top}<p>{_esc(span)}: {_esc(_counts(log))}.</p>
+<{level}>Reload phases</{level}>{waterfall(log.reloads)}
+<{level}>Request latency (per second)</{level}>{no_stats}{latency}
+<{level}>Queue depth</{level}>{queue}
+<{level}>Memory after each reload</{level}>{memory_chart(log.memory)}
+<{level}>Xid events</{level}>{xid_table(log.xids)}
+"""
+
+
+def render_html(log: Log, title: str) -> str:
+    sessions = log.sessions or [log]
+    if len(sessions) == 1:
+        body = session_html(sessions[0])
+    else:
+        # Newest first: the run a user just stopped is the one they came to read.
+        numbered = list(enumerate(sessions, 1))[::-1]
+        rows = "".join(
+            f'<tr><td><a href="#session-{n}">{_esc(_session_name(s, n))}</a></td>'
+            f"<td>{_when(s.start)}</td><td>{_hms(s.end)}</td><td>{_esc(_counts(s))}</td></tr>"
+            for n, s in numbered
+        )
+        body = (
+            f"<p>{len(sessions)} sessions in these logs, each on its own time axis, newest "
+            "first.</p><table><tr><th>session</th><th>from</th><th>to</th><th>what it logged"
+            f"</th></tr>{rows}</table>"
+        ) + "".join(session_html(s, _session_name(s, n), f"session-{n}") for n, s in numbered)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>hotreload report: {_esc(title)}</title>
 <style>{CSS}</style></head><body>
 <h1>hotreload report: {_esc(title)}</h1>
-<p>{_esc(summary)}. Shaded: reload windows (red: failed). Red lines: Xid events.</p>
-<h2>Reload phases</h2>{waterfall(log.reloads)}
-<h2>Request latency (per second)</h2>{no_stats}{latency}
-<h2>Queue depth</h2>{queue}
-<h2>Memory after each reload</h2>{memory_chart(log.memory)}
-<h2>Xid events</h2>{xid_table(log.xids)}
-</body></html>
+<p>Shaded: reload windows (red: failed). Red lines: Xid events.</p>
+{body}</body></html>
 """
 
 
@@ -352,8 +454,10 @@ def report_main(config_path: str | None, html_out: str | None) -> int:
         print(f"hotreload report: cannot write {out}: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     failed = sum(not r.ok for r in log.reloads)
+    sessions = len(log.sessions) if len(log.sessions) > 1 else 0
     print(
         f"wrote {out}: {len(log.reloads)} reload(s) ({failed} failed), "
         f"{len(log.stats)} request figure(s), {len(log.xids)} Xid event(s)"
+        + (f" from {sessions} sessions, each on its own time axis" if sessions else "")
     )
     return EXIT_OK

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from hotreload.engine.cpus import format_cpus
-from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
 from hotreload.session_call import call_session
 
 
@@ -71,12 +72,22 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def status_main(config: str | None, *, as_json: bool = False) -> int:
+def status_main(config: str | None, *, as_json: bool = False, model: str | None = None) -> int:
     status, code = call_session(config, lambda c: c.status(), timeout_s=10.0)
     if status is None:
         return code or EXIT_ENVIRONMENT
     status.pop("id", None)
     status.pop("ok", None)
+    if model is not None:
+        chosen = [m for m in status["models"] if m["name"] == model]
+        if not chosen:
+            served = ", ".join(m["name"] for m in status["models"]) or "none"
+            print(
+                f"hotreload status: no model named {model!r}; the session serves: {served}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        status["models"] = chosen
     if as_json:
         print(json.dumps(status, indent=2))
     else:

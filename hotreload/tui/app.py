@@ -14,10 +14,11 @@ import contextlib
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
+from textual.driver import Driver
 from textual.widgets import DataTable, Footer
 
 from hotreload.engine.event_kinds import (
@@ -45,11 +46,13 @@ from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
 from hotreload.tui import render
 from hotreload.tui.dialogs import HelpScreen, ResetDialog
+from hotreload.tui.fit import RELOAD_COLUMNS, fit_reload_rows
 from hotreload.tui.loadgen import LoadGenerator
 from hotreload.tui.messages import ActionDone, EngineEvent, Sampled, SessionStarted
 from hotreload.tui.source import DashboardSource, reset_target
 from hotreload.tui.state import DashboardState, activity
-from hotreload.tui.widgets import Panel, RowsTable, StatusLine
+from hotreload.tui.terminal import clean_exit_driver
+from hotreload.tui.widgets import Panel, RowsTable, StatusLine, set_border
 
 #: Default time between samples.
 REFRESH_S = 0.5
@@ -111,6 +114,9 @@ class DashboardApp(App[int]):
         self._quitting = False
         self._start_worker: Any = None
 
+    def get_driver_class(self) -> type[Driver]:
+        return clean_exit_driver(super().get_driver_class())
+
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         yield RowsTable(
@@ -122,12 +128,7 @@ class DashboardApp(App[int]):
             yield Panel("Queue", id="queue")
             yield Panel("Latency", id="latency")
             yield Panel("Memory", id="memory")
-        yield RowsTable(
-            "Reloads",
-            ("Time", "Model", "Outcome", "Total", "Trigger", "Policy", "Phases ms"),
-            follow_newest=True,
-            id="reloads",
-        )
+        yield RowsTable("Reloads", RELOAD_COLUMNS, follow_newest=True, id="reloads")
         with VerticalScroll(id="detail-box"):
             yield Panel("", id="detail")
         yield RowsTable(
@@ -148,6 +149,10 @@ class DashboardApp(App[int]):
         self._start_worker = self._start_session()
         self._sample_loop()
         self.set_interval(1.0, self._tick)
+
+    def on_resize(self, event: events.Resize) -> None:
+        # After the layout, when the reloads table has its new width to fit the rows to.
+        self.call_after_refresh(self._render_reloads)
 
     def _tick(self) -> None:
         """Once a second: the clock, and the elapsed time of whatever is still running (a
@@ -301,19 +306,23 @@ class DashboardApp(App[int]):
         xids = self.query_one("#xids", RowsTable)
         if sample is not None:
             xids.view = render.xid_rows(sample.xids, hms)
-            _set_border(xids, subtitle=render.xid_sources_text(sample.xid_sources))
+            set_border(xids, subtitle=render.xid_sources_text(sample.xid_sources))
         self._render_status()
 
     def _render_panels(self) -> None:
+        models = self.query_one("#models", RowsTable)
+        # The border's corners and the spaces around the text take 6 of its cells.
+        reach = render.reach_text(self.state.sample, self.selected, models.size.width - 6)
+        set_border(models, subtitle=reach)
         m = self.state.model(self.selected)
         name = self.selected or ""
         queue = self.query_one("#queue", Panel)
-        _set_border(queue, title=f"Queue {name}")
+        set_border(queue, title=f"Queue {name}")
         queue.view = render.queue_text(
             m, tuple(self.state.queue.get(name, ())), queue.content_size.width
         )
         latency = self.query_one("#latency", Panel)
-        _set_border(latency, title=f"Latency {name} (ms)")
+        set_border(latency, title=f"Latency {name} (ms)")
         latency.view = render.latency_text(
             m, tuple(self.state.p99.get(name, ())), latency.content_size.width
         )
@@ -327,7 +336,9 @@ class DashboardApp(App[int]):
             reversed(sample.reloads if sample else ())
         )
         clock = self.source.clock
-        table.view = render.reload_rows(self.state, clock.hms, clock.now())
+        rows = render.reload_rows(self.state, clock.hms, clock.now())
+        columns, fitted = fit_reload_rows(rows, table.inner_width(len(rows)))
+        table.show(fitted, columns)
         self._render_detail()
 
     def _render_detail(self) -> None:
@@ -469,15 +480,6 @@ class DashboardApp(App[int]):
             self._unsubscribe()
         await self.source.stop()
         self.exit(return_code=EXIT_OK)
-
-
-def _set_border(widget: Any, *, title: str | None = None, subtitle: str | None = None) -> None:
-    # Setting a border text repaints the widget even when it is unchanged; twice a second
-    # for every panel that is most of an idle dashboard's drawing.
-    if title is not None and widget.border_title != title:
-        widget.border_title = title
-    if subtitle is not None and widget.border_subtitle != subtitle:
-        widget.border_subtitle = subtitle
 
 
 def build_app(

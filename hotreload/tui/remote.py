@@ -136,6 +136,9 @@ class RemoteSource:
             paused=bool(r["paused"]),
             waiting=int(r.get("waiting") or 0),
             phases=dict(r["phases"]),
+            http_url=r.get("http_url"),
+            generators=tuple(r.get("generators") or ()),
+            socket=short_path(self.socket_path),
         )
 
     # ------------------------------------------------------------------ keys

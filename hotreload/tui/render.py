@@ -83,6 +83,34 @@ def trigger_text(o: ReloadOutcome | LiveReload) -> str:
 # ---------------------------------------------------------------------- models
 
 
+def reach_text(sample: Any, model: str | None, width: int) -> str:
+    """Under the models table: how a client reaches the selected model, the longest form
+    that fits `width` (the HTTP routes, else the socket and how to add HTTP)."""
+    if sample is None:
+        return ""
+    url, name = sample.http_url, model or "NAME"
+    if url:
+        infer = f"{url}/v2/models/{name}/infer"
+        generator = name in sample.generators
+        forms = [
+            f"KServe v2 POST {infer}" + (f" · completions base URL {url}/v1" if generator else ""),
+            f"HTTP {infer}" + (f" · {url}/v1" if generator else ""),
+            f"HTTP {url}",
+        ]
+    elif sample.socket:
+        forms = [
+            f"socket {sample.socket} · no HTTP: --http 127.0.0.1:8000 adds KServe v2",
+            f"socket {sample.socket} · no HTTP (--http HOST:PORT)",
+            f"socket {sample.socket}",
+        ]
+    else:
+        return ""
+    for form in forms:
+        if len(form) <= width:
+            return form
+    return forms[-1]
+
+
 def last_reload(outcomes: Sequence[ReloadOutcome], hms: Callable[[float], str]) -> Text:
     if not outcomes:
         return Text("-", "dim")

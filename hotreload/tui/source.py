@@ -57,6 +57,11 @@ class Sample:
     waiting: int = 0
     #: model -> the reload phase running now.
     phases: dict[str, str] = field(default_factory=dict)
+    #: How clients reach the session: its HTTP base URL (None without --http / [http]),
+    #: the text generators among its models (they serve completions too), its socket.
+    http_url: str | None = None
+    generators: tuple[str, ...] = ()
+    socket: str = ""
 
 
 @dataclass(frozen=True)

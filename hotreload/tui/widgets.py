@@ -60,6 +60,23 @@ class RowsTable(DataTable[Any]):
     def on_mount(self) -> None:
         self.add_columns(*self._columns)
 
+    def show(self, rows: tuple[tuple[Any, ...], ...], columns: tuple[str, ...]) -> None:
+        """New rows under `columns`: a table fitted to its width drops a column that no
+        longer fits, and takes it back when the terminal grows."""
+        if columns == self._columns:
+            self.view = rows
+            return
+        self._columns = columns
+        old = self.view
+        self.set_reactive(RowsTable.view, rows)
+        self.watch_view(old, rows)  # the rows may be equal: the columns changed all the same
+
+    def inner_width(self, rows: int) -> int:
+        """The cells each of `rows` rows may use: inside border and padding, and beside the
+        scroll bar that appears once the rows and the header overflow the height."""
+        width, height = self.content_size
+        return width - (self.styles.scrollbar_size_vertical if rows + 1 > height else 0)
+
     def watch_view(
         self, old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]
     ) -> None:
@@ -74,3 +91,13 @@ class RowsTable(DataTable[Any]):
         if self.follow_newest and grew:
             row = 0
         self.move_cursor(row=min(max(row, 0), len(new) - 1), animate=False)
+
+
+def set_border(widget: Any, *, title: str | None = None, subtitle: str | None = None) -> None:
+    """Set a border's title or subtitle, only when it changes."""
+    # Setting a border text repaints the widget even when it is unchanged; twice a second
+    # for every panel that is most of an idle dashboard's drawing.
+    if title is not None and widget.border_title != title:
+        widget.border_title = title
+    if subtitle is not None and widget.border_subtitle != subtitle:
+        widget.border_subtitle = subtitle
