@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hotreload.worker.init_values import built_values, hf_init_recorded, seeded_build
+from hotreload.worker.init_values import built_values, hf_init_skipped, seeded_build
 from hotreload.worker.shared_weights import SharedBlock, copy_into_block
 
 #: The `torch.nn.init` functions layers initialise their parameters with.
@@ -55,16 +55,16 @@ def _leave(tensor: Any, *args: Any, **kwargs: Any) -> Any:
 @contextlib.contextmanager
 def skipped_init() -> Iterator[set[int]]:
     """`torch.nn.init` leaves tensors as they are while the block runs (one build at a time;
-    inference never calls these, so the serving thread is unaffected). Yields the data
-    pointers of the tensors an init function was given (skipped here, or run by
-    transformers' own init, which holds torch's functions from before the patch)."""
+    inference never calls these, so the serving thread is unaffected), nor do transformers'
+    own for parameters (init_values.hf_init_skipped). Yields the data pointers of the
+    tensors an init function was given."""
     with _LOCK:
         _TOUCHED.clear()
         saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES if hasattr(torch.nn.init, n)}
         for name in saved:
             setattr(torch.nn.init, name, _leave)
         try:
-            with hf_init_recorded(_leave):
+            with hf_init_skipped(_leave):
                 yield _TOUCHED
         finally:
             for name, fn in saved.items():
@@ -124,7 +124,11 @@ def retie(model: torch.nn.Module, ties: Mapping[str, frozenset[str]], loaded: se
 
 
 def owned_tensors(
-    model: torch.nn.Module, state: dict[str, torch.Tensor], *, shared: bool = False
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    *,
+    shared: bool = False,
+    fresh: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[dict[str, torch.Tensor], SharedBlock | None]:
     """The file's tensors as memory of this process's own, in the dtype of the module's
     (what copying into them did), ready to become its parameters; on the CPU with
@@ -133,7 +137,9 @@ def owned_tensors(
 
     A copy, on purpose: safetensors maps the file, and a parameter over the mapping would
     die with SIGBUS (the whole serving worker) when the file is rewritten in place
-    (`open(path, "wb")`, as many save functions do) while the old version still serves."""
+    (`open(path, "wb")`, as many save functions do) while the old version still serves.
+    `fresh`: keys whose tensors are memory of this process's already (experts stacked by
+    transformers' conversion), not copied again."""
     own = model.state_dict(keep_vars=True)
     out: dict[str, torch.Tensor] = {}
     host: dict[str, torch.Tensor] = {}
@@ -143,7 +149,7 @@ def owned_tensors(
         if t.device.type == "cpu":
             # Still over the file's mapping unless converted (a conversion is a copy).
             host[key] = t if converted is None else converted
-            if converted is None and not shared:
+            if converted is None and not shared and key not in fresh:
                 host[key] = t.clone()
         else:
             out[key] = t if converted is None else converted  # device memory of its own

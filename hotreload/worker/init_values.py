@@ -61,11 +61,14 @@ def built_values(model: object, skipped: set[int]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def hf_init_recorded(record: Callable[[torch.Tensor], object]) -> Iterator[None]:
+def hf_init_skipped(record: Callable[[torch.Tensor], object]) -> Iterator[None]:
     """transformers' init functions (`transformers.initialization`) call the torch ones it
     captured at import, in `TORCH_INIT_FUNCTIONS`, which a patch of `torch.nn.init` does
-    not reach: each still runs, and `record` is told which tensor it filled (a value drawn
-    by init, not one build() chose). Nothing happens when transformers is not imported."""
+    not reach (so every Hugging Face model paid its full random init before the file
+    replaced it). While the block runs they leave a Parameter as allocated: a parameter is
+    in the state dict, so the strict load fills it from the files or refuses. A buffer is
+    still initialised (a non-persistent one is in no file). `record` is told each tensor
+    given to them. Nothing happens when transformers is not imported."""
     module = sys.modules.get("transformers.initialization")
     table = getattr(module, "TORCH_INIT_FUNCTIONS", None)
     if not isinstance(table, dict):
@@ -73,14 +76,16 @@ def hf_init_recorded(record: Callable[[torch.Tensor], object]) -> Iterator[None]
         return
     saved = dict(table)
 
-    def recording(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def skipping(fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             record(tensor)
+            if isinstance(tensor, torch.nn.Parameter):
+                return tensor
             return fn(tensor, *args, **kwargs)
 
         return run
 
-    table.update({name: recording(fn) for name, fn in saved.items()})
+    table.update({name: skipping(fn) for name, fn in saved.items()})
     try:
         yield
     finally:

@@ -272,7 +272,9 @@ def load_weights(
     block = None
     try:
         if assign:
-            owned, block = owned_tensors(model, mapped, shared=shared)
+            read = {id(t) for t in state.values()}  # the rest were made by the conversion
+            fresh = {k for k, t in mapped.items() if id(t) not in read}
+            owned, block = owned_tensors(model, mapped, shared=shared, fresh=fresh)
             model.load_state_dict(owned, strict=False, assign=True)
             retie(model, ties, set(mapped))
         else:
