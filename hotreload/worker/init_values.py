@@ -6,14 +6,16 @@ value build() gives a parameter and the weights file then replaced it: editing `
 records a digest per tensor of what build() left, for the tensors the files then replaced,
 and the manager compares them with the previous version's.
 
-What is digested is only what build() computed itself: a tensor `torch.nn.init` would have
-filled is left as allocated while a build runs with weights (fast_build.py) and holds no
-value build() chose, so it is left out (its data pointer was recorded when init skipped it).
-The build runs under a fixed seed, on a forked RNG, so a value drawn at random
-(`torch.randn`) is the same for the same code. Cost: one blake2b pass over the tensors
-build() computed outside `torch.nn.init`, on the loader thread; for usual models (layers
-initialised by `reset_parameters`, Hugging Face's `_init_weights`) that is a few small
-tensors, not the model.
+What is digested is only what build() computed itself: a tensor an init function was given
+(`torch.nn.init`, or transformers' own, `hf_init_skipped`) is left as allocated while a
+build runs with weights (fast_build.py), or filled at random, and holds no value build()
+chose, so it is left out (its data pointer was recorded then). The build runs under a
+fixed seed, on a forked RNG, so a value drawn at random (`torch.randn`) is the same for the
+same code. Cost: one blake2b pass over the tensors build() computed outside the init
+functions, on the loader thread; for usual models (layers initialised by
+`reset_parameters`, Hugging Face's `_init_weights`) that is a few small tensors or none,
+not the model. A limit: a parameter made with `torch.empty` and given no init at all holds
+whatever the allocator had, which may differ from one build to the next.
 """
 
 from __future__ import annotations

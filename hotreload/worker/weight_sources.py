@@ -75,24 +75,24 @@ def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Te
 
 def _unchanged_shards(
     model: torch.nn.Module, current: Any, files: Sequence[str], unchanged: Sequence[int]
-) -> tuple[dict[str, torch.Tensor], list[int]]:
+) -> tuple[dict[str, torch.Tensor], list[int], str | None]:
     """Some weights files changed (a re-saved shard of a sharded checkpoint): the serving
-    version's tensors made from the others, and the indices of the files to read, which
-    are the changed ones and any that shares a tensor with them (experts of one layer
-    fused across two shards). ({}, every index) when the rest cannot be shared."""
+    version's tensors made from the others, the indices of the files to read (the changed
+    ones and any that shares a tensor with them: experts of one layer fused across two
+    shards), and why nothing could be shared ({}, every index, the reason)."""
     every = list(range(len(files)))
     by_file: list[set[str]] = getattr(current.weights, "by_file", [])
     if len(by_file) != len(files) or current.weights.overlay_ids:
-        return {}, every  # not known per file, or pushes lie over the files' tensors
-    shared, _ = _shareable(model, current)
+        return {}, every, "the serving version's tensors are not known per file, or pushed"
+    shared, why = _shareable(model, current)
     read = [i for i in every if i not in set(unchanged)]
     keys: set[str] = set().union(*(by_file[i] for i in read)) if read else set()
     while more := [i for i in every if i not in read and by_file[i] & keys]:
         read += more
         keys = keys.union(*(by_file[i] for i in more))
     if not shared or len(read) == len(files):
-        return {}, every
-    return {k: t for k, t in shared.items() if k not in keys}, sorted(read)
+        return {}, every, why or "every file holds part of a changed tensor"
+    return {k: t for k, t in shared.items() if k not in keys}, sorted(read), None
 
 
 def _mappable(
@@ -212,10 +212,8 @@ def place_weights(
     base_overlays: tuple[int, ...] = ()
     read = list(range(len(files)))
     if current is not None and unchanged is not None:
-        state, read = _unchanged_shards(model, current, files, unchanged)
+        state, read, placed.not_reused = _unchanged_shards(model, current, files, unchanged)
         placed.reused, placed.keys = len(state), set(state)
-        if not state:
-            placed.not_reused = "the unchanged files' tensors cannot be told apart"
     elif current is not None:
         state, placed.not_reused = _shareable(model, current)
         if state:
