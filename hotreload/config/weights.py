@@ -7,6 +7,7 @@ the checks here use the same `Checker`, so their errors read like every other co
 
 from __future__ import annotations
 
+import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,18 +64,46 @@ def torchscript_entry_file(value: str, *, checker: Checker, key: str, root: Path
     return file.resolve()
 
 
+def shards_of_index(index: Path) -> list[Path]:
+    """The shard files a sharded checkpoint's index (`model.safetensors.index.json`, as
+    `save_pretrained` writes it) names in its `weight_map`, in name order (save_pretrained
+    numbers them); ValueError says what is wrong with it."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"{index.name} is not a checkpoint index with a `weight_map` "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    shards = [index.parent / str(n) for n in names]
+    absent = [s.name for s in shards if not s.is_file()]
+    if absent:
+        raise ValueError(f"{index.name} names shard(s) that do not exist: {', '.join(absent)}")
+    return shards
+
+
 def parse_weights(m: Checker, root: Path) -> tuple[Path, ...]:
-    """`weights`: existing .safetensors, .pt, .pth or .bin files."""
+    """`weights`: existing .safetensors, .pt, .pth or .bin files; an `*.index.json` of a
+    sharded checkpoint stands for the shards it names (each stamped, and read, on its own:
+    a re-saved shard is the only one read again)."""
     weights: list[Path] = []
     for i, item in enumerate(m.str_list("weights")):
         p = Path(item).expanduser()
         p = p if p.is_absolute() else root / p
         if not p.is_file():
             m.fail(f"{m.sub('weights')}[{i}]", f"file {p} does not exist")
+        if p.name.endswith(".index.json"):
+            try:
+                weights.extend(s.resolve() for s in shards_of_index(p))
+            except ValueError as exc:
+                m.fail(f"{m.sub('weights')}[{i}]", str(exc))
+            continue
         if p.suffix not in WEIGHTS_SUFFIXES:
             m.fail(
                 f"{m.sub('weights')}[{i}]",
-                f"expected a .safetensors, .pt, .pth or .bin file, got {p.name!r}",
+                f"expected a .safetensors, .pt, .pth or .bin file, or a sharded checkpoint's "
+                f"*.index.json, got {p.name!r}",
             )
         weights.append(p.resolve())
     return tuple(weights)

@@ -74,6 +74,10 @@ class LoadReply(Reply):
     shared: dict[str, Any] | None = None
     #: Why the serving version's tensors could not be shared, when sharing was asked.
     not_reused: str | None = None
+    #: Weights files read (with `reused`: the changed shards; the others were shared).
+    read_files: int = 0
+    #: Digest of what build() set each tensor the files replaced (worker/init_values.py).
+    init_digests: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,8 +95,6 @@ class SmokeReply(Reply):
     outputs: list[dict[str, Any]]
     #: Things said once about the version (outputs left out of replies).
     notes: list[str] = field(default_factory=list)
-    #: Digest of the example's output (weights declared): the override check compares it.
-    output_digest: str | None = None
     paused_s: float = 0.0
 
 
@@ -120,6 +122,7 @@ _TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "reimported": int,
         "reused": int,
         "mapped": int,
+        "init_digests": dict,
     },
     "WarmReply": {"warm_s": (int, float), "passes_ms": list},
     "SmokeReply": {"outputs": list, "notes": list},

@@ -8,7 +8,8 @@ leave the tensor as allocated (the same step Hugging Face's `no_init_weights` ta
 `from_pretrained`). The weights then take the parameters' place
 (`load_state_dict(assign=True)`): the uninitialised blocks are freed untouched, and one
 copy of the file's tensors becomes the parameters. Buffers the module computes itself (a rotary
-`inv_freq`) are computed as usual: only `torch.nn.init` is skipped.
+`inv_freq`) are computed as usual: only `torch.nn.init` is skipped. What build() did compute
+is digested per tensor on the way (init_values.py: the override warning compares them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hotreload.worker.init_values import built_values, hf_init_skipped, seeded_build
 from hotreload.worker.shared_weights import SharedBlock, copy_into_block
 
 #: The `torch.nn.init` functions layers initialise their parameters with.
@@ -40,33 +42,49 @@ _INIT_NAMES = (
     "sparse_",
 )
 _LOCK = threading.Lock()
+#: Data pointers of the tensors an init function filled, or left, in the build running now.
+_TOUCHED: set[int] = set()
 
 
 def _leave(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    if isinstance(tensor, torch.Tensor) and tensor.numel():
+        _TOUCHED.add(tensor.data_ptr())
     return tensor
 
 
 @contextlib.contextmanager
-def skipped_init() -> Iterator[None]:
+def skipped_init() -> Iterator[set[int]]:
     """`torch.nn.init` leaves tensors as they are while the block runs (one build at a time;
-    inference never calls these, so the serving thread is unaffected)."""
+    inference never calls these, so the serving thread is unaffected), nor do transformers'
+    own for parameters (init_values.hf_init_skipped). Yields the data pointers of the
+    tensors an init function was given."""
     with _LOCK:
+        _TOUCHED.clear()
         saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES if hasattr(torch.nn.init, n)}
         for name in saved:
             setattr(torch.nn.init, name, _leave)
         try:
-            yield
+            with hf_init_skipped(_leave):
+                yield _TOUCHED
         finally:
             for name, fn in saved.items():
                 setattr(torch.nn.init, name, fn)
 
 
-def build_without_init(factory: Callable[[], Any], note: Callable[[str], None]) -> Any:
+def build_without_init(
+    factory: Callable[[], Any],
+    note: Callable[[str], None],
+    set_by_build: dict[str, str] | None = None,
+) -> Any:
     """`factory()` with initialization skipped; when the factory cannot run that way, an
-    ordinary build, and `note` says why (once per version)."""
+    ordinary build, and `note` says why (once per version). `set_by_build` is filled with
+    a digest of each tensor build() computed itself (not left by init): init_values.py."""
     try:
-        with skipped_init():
-            return factory()
+        with seeded_build(), skipped_init() as touched:
+            model = factory()
+            if set_by_build is not None:
+                set_by_build.update(built_values(model, touched))
+            return model
     except Exception as exc:
         model = factory()  # raises the user's own error when that is what it was
         note(
@@ -106,7 +124,11 @@ def retie(model: torch.nn.Module, ties: Mapping[str, frozenset[str]], loaded: se
 
 
 def owned_tensors(
-    model: torch.nn.Module, state: dict[str, torch.Tensor], *, shared: bool = False
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    *,
+    shared: bool = False,
+    fresh: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[dict[str, torch.Tensor], SharedBlock | None]:
     """The file's tensors as memory of this process's own, in the dtype of the module's
     (what copying into them did), ready to become its parameters; on the CPU with
@@ -115,7 +137,9 @@ def owned_tensors(
 
     A copy, on purpose: safetensors maps the file, and a parameter over the mapping would
     die with SIGBUS (the whole serving worker) when the file is rewritten in place
-    (`open(path, "wb")`, as many save functions do) while the old version still serves."""
+    (`open(path, "wb")`, as many save functions do) while the old version still serves.
+    `fresh`: keys whose tensors are memory of this process's already (experts stacked by
+    transformers' conversion), not copied again."""
     own = model.state_dict(keep_vars=True)
     out: dict[str, torch.Tensor] = {}
     host: dict[str, torch.Tensor] = {}
@@ -125,7 +149,7 @@ def owned_tensors(
         if t.device.type == "cpu":
             # Still over the file's mapping unless converted (a conversion is a copy).
             host[key] = t if converted is None else converted
-            if converted is None and not shared:
+            if converted is None and not shared and key not in fresh:
                 host[key] = t.clone()
         else:
             out[key] = t if converted is None else converted  # device memory of its own

@@ -69,6 +69,7 @@ class ModelVersion:
     build_notes: list[str] = field(default_factory=list)
     #: Where its weights came from (files, the version before it, pushes).
     weights: PlacedWeights = field(default_factory=PlacedWeights)
+    init_digests: dict[str, str] = field(default_factory=dict)  # what build() set: init_values
     #: Content digest of its weights (weights_digest.py; None: not a torch module, or
     #: still being computed by `digest_future`).
     digest: str | None = None
@@ -208,9 +209,6 @@ def _callables(obj: Any) -> list[str]:
     return out
 
 
-# ----------------------------------------------------------------------------- inputs/outputs
-
-
 def call_model(
     model: Callable[..., Any],
     form: str,
@@ -249,9 +247,7 @@ def pick_device(requested: str) -> torch.device:
 
 
 def allocated_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
-    return 0
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def build_version(
@@ -264,12 +260,13 @@ def build_version(
     base: Mapping[str, Any] | None = None,
     overlays: Sequence[Mapping[str, Any]] = (),
     digest_now: bool = False,
+    unchanged: Sequence[int] | None = None,
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
     `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
     `current`: the serving version, whose weight tensors the build shares when the files
-    are unchanged; `base`: another worker's weights block to map instead (respawn);
-    `overlays`: pushed weights on top (weight_sources.py)."""
+    (or the `unchanged` ones) are unchanged; `base`: another worker's weights block to map
+    instead (respawn); `overlays`: pushed weights on top (weight_sources.py)."""
     root = Path(spec["root"])
     started = time.perf_counter()
     before = allocated_bytes(device)
@@ -281,11 +278,12 @@ def build_version(
         step_done()
         files = spec.get("weights") or []
         build_notes: list[str] = []
+        set_by_build: dict[str, str] = {}
         # Only with files: they hold every weight whatever happens (a version whose tensors
         # cannot be shared, a push of a subset); without, build() sets the weights itself.
         if files and not spec["entry"].get("torchscript"):
             # Every parameter comes from the files: no random initialization to overwrite.
-            model = build_without_init(factory, build_notes.append)
+            model = build_without_init(factory, build_notes.append, set_by_build)
         else:
             model = factory()
         step_done()
@@ -305,6 +303,7 @@ def build_version(
             overlays=overlays,
             step_done=step_done,
             shared=bool(spec.get("shared_weights")),
+            unchanged=unchanged,
         )
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
@@ -331,10 +330,11 @@ def build_version(
         parameters=accepted_parameters(model),
         build_notes=build_notes,
         weights=placed,
+        init_digests={k: d for k, d in set_by_build.items() if k in placed.keys},
     )
     if (
         current is not None
-        and placed.reused
+        and placed.reused == len(placed.keys) > 0  # all shared: none read (a shard) or pushed
         and placed.overlay_ids == current.weights.overlay_ids
         and placed.keys == current.weights.keys
     ):

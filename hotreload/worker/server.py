@@ -35,7 +35,6 @@ from hotreload.worker.replies import error_header, message_of, return_free_heap,
 from hotreload.worker.signatures import normalise_output
 from hotreload.worker.status_report import worker_status
 from hotreload.worker.text_op import op_text
-from hotreload.worker.weights import example_digest
 
 _STOP = object()
 
@@ -198,7 +197,9 @@ class Worker:
         pacer = self._pacer(h)
         # The files unchanged since the serving version read them (the manager compares):
         # share its tensors rather than read them again. Pushes since go on top.
-        reuse = self.current if h.get("reuse") and self.current is not None else None
+        # Or some of them (`unchanged_files`: a sharded checkpoint with a shard saved again).
+        shard_reuse = h.get("unchanged_files")
+        reuse = self.current if (h.get("reuse") or shard_reuse) and self.current else None
         mv = loader.build_version(
             self.spec,
             version,
@@ -208,6 +209,7 @@ class Worker:
             base=h.get("base") if self.current is None else None,
             overlays=h.get("overlays") or (),
             digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
+            unchanged=shard_reuse if shard_reuse is not None and not h.get("reuse") else None,
         )
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
@@ -226,6 +228,8 @@ class Worker:
             mapped=mv.weights.mapped,
             shared=mv.weights.shared.descriptor() if mv.weights.shared else None,
             not_reused=mv.weights.not_reused if reuse is not None else None,
+            read_files=mv.weights.read_files,
+            init_digests=mv.init_digests,
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 
@@ -279,12 +283,6 @@ class Worker:
             expected=self.spec.get("expected_output"),
         )
         reply = SmokeReply(outputs=sig, notes=list(mv.notes))
-        if self.spec.get("weights"):
-            # The manager compares it across versions: a code edit whose output stays the same
-            # to the bit was overridden by the weights (engine/model/override_check.py).
-            reply.output_digest = example_digest(
-                lambda: loader.forward(mv, mv.example_form, mv.example)
-            )
         pacer.step_done()
         reply.paused_s = pacer.paused_s
         self.send({"id": h["id"], "ok": True, **reply.wire()})

@@ -44,6 +44,10 @@ class PlacedWeights:
     shared: SharedBlock | None = None
     #: Tensors mapped from another worker's block (`respawn`, files unchanged).
     mapped: int = 0
+    #: Per weights file, the module keys made from it (empty: not known, e.g. mapped).
+    by_file: list[set[str]] = field(default_factory=list)
+    #: Weights files read for this build (the rest, if any, shared).
+    read_files: int = 0
 
 
 def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -67,6 +71,28 @@ def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Te
     # New tensor objects over the same memory: the new version's Parameters are its own
     # (a later `.to()` of one version cannot move the other's), the bytes are shared.
     return {k: old[k].detach() for k in old_keys if k in old}, None
+
+
+def _unchanged_shards(
+    model: torch.nn.Module, current: Any, files: Sequence[str], unchanged: Sequence[int]
+) -> tuple[dict[str, torch.Tensor], list[int], str | None]:
+    """Some weights files changed (a re-saved shard of a sharded checkpoint): the serving
+    version's tensors made from the others, the indices of the files to read (the changed
+    ones and any that shares a tensor with them: experts of one layer fused across two
+    shards), and why nothing could be shared ({}, every index, the reason)."""
+    every = list(range(len(files)))
+    by_file: list[set[str]] = getattr(current.weights, "by_file", [])
+    if len(by_file) != len(files) or current.weights.overlay_ids:
+        return {}, every, "the serving version's tensors are not known per file, or pushed"
+    shared, why = _shareable(model, current)
+    read = [i for i in every if i not in set(unchanged)]
+    keys: set[str] = set().union(*(by_file[i] for i in read)) if read else set()
+    while more := [i for i in every if i not in read and by_file[i] & keys]:
+        read += more
+        keys = keys.union(*(by_file[i] for i in more))
+    if not shared or len(read) == len(files):
+        return {}, every, why or "every file holds part of a changed tensor"
+    return {k: t for k, t in shared.items() if k not in keys}, sorted(read), None
 
 
 def _mappable(
@@ -166,10 +192,13 @@ def place_weights(
     overlays: Sequence[Mapping[str, Any]] = (),
     step_done: Callable[[], None] = lambda: None,
     shared: bool = False,
+    unchanged: Sequence[int] | None = None,
 ) -> PlacedWeights:
     """Fill `model`'s weights: the base (shared from `current`, or mapped from another
     worker's block `base`, else the files), then the `overlays` the base does not hold yet.
-    LoadError says what does not fit."""
+    `unchanged` (with `current`): only these files (indices) are unchanged since `current`
+    read them; the others are read, the tensors of these shared. LoadError says what does
+    not fit."""
     placed = PlacedWeights()
     if not isinstance(model, torch.nn.Module):
         load_weights(model, files, prefix, root=root, assign=True, device=device)
@@ -181,21 +210,41 @@ def place_weights(
         return placed
     state: dict[str, torch.Tensor] = {}
     base_overlays: tuple[int, ...] = ()
-    if current is not None:
+    read = list(range(len(files)))
+    if current is not None and unchanged is not None:
+        state, read, placed.not_reused = _unchanged_shards(model, current, files, unchanged)
+        placed.reused, placed.keys = len(state), set(state)
+    elif current is not None:
         state, placed.not_reused = _shareable(model, current)
         if state:
             placed.reused = len(state)
             placed.keys = set(state)
             base_overlays = getattr(current.weights, "overlay_ids", ())
+            placed.by_file, read = list(current.weights.by_file), []
     elif base is not None and device.type == "cpu":
         # The files' weights as the other worker read them: its pushes come on top again.
         state, placed.not_reused = _mappable(model, base)
         placed.mapped, placed.keys = len(state), set(state)
-    if not state and files:
+        read = [] if state else read
+    if read and files:
+        by_file: list[set[str]] = []
         placed.shared = load_weights(
-            model, files, prefix, root=root, assign=True, device=device, shared=shared
+            model,
+            [files[i] for i in read],
+            prefix,
+            root=root,
+            assign=True,
+            device=device,
+            shared=shared,
+            elsewhere=set(state),
+            by_file=by_file,
         )
         placed.keys = set(model.state_dict(keep_vars=True))
+        placed.read_files = len(read)
+        known = list(current.weights.by_file) if state else [set() for _ in files]
+        for i, keys in zip(read, by_file, strict=True):
+            known[i] = keys
+        placed.by_file = known
     step_done()
     applied = list(base_overlays)
     for overlay in overlays:

@@ -8,7 +8,10 @@ saving a model need:
   `safetensors.torch.save_model` store one name of each tied group; the one stored loads
   into every name of its group;
 - `weights_prefix`: the file's keys lack (or carry) a prefix the module's have not, as
-  when the factory wraps the model; a mismatch by a prefix alone suggests the exact line.
+  when the factory wraps the model; a mismatch by a prefix alone suggests the exact line;
+- a Hugging Face model's checkpoint names (renamed, or experts saved one by one), converted
+  to the module's by transformers' own conversion, as `from_pretrained` does
+  (hf_checkpoint.py).
 
 A file that cannot be a state dict (a TorchScript archive, a pickled whole module) is
 refused in one sentence that says what to do instead, not torch's page of advice.
@@ -16,7 +19,6 @@ refused in one sentence that says what to do instead, not torch's page of advice
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -31,6 +33,7 @@ import torch
 
 from hotreload.config.weights import is_torchscript_archive
 from hotreload.worker.fast_build import owned_tensors, retie
+from hotreload.worker.hf_checkpoint import to_module_keys
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.shared_weights import SharedBlock
 
@@ -227,12 +230,16 @@ def load_weights(
     assign: bool = False,
     device: torch.device | None = None,
     shared: bool = False,
+    elsewhere: set[str] | None = None,
+    by_file: list[set[str]] | None = None,
 ) -> SharedBlock | None:
     """Load the weights `files` into `model` strictly, tied parameters and `prefix` allowed
     for. `root` (the project folder) shortens the paths in messages. `assign`: the file's
     tensors become the parameters (no copy; see fast_build.py). `device`: a CUDA device the
     files are read straight onto (no host copy of the whole state). With `shared` (and
-    `assign`), host weights go into a shared block, returned (its owner closes it)."""
+    `assign`), host weights go into a shared block, returned (its owner closes it).
+    `elsewhere`: module keys the caller fills from elsewhere (shards it did not read), not
+    missing. `by_file` gets, per file, the module keys made from it."""
     if not files:
         return None
     if not isinstance(model, torch.nn.Module):
@@ -241,21 +248,33 @@ def load_weights(
             "not a torch.nn.Module; load the weights inside the factory or remove `weights`"
         )
     state: dict[str, torch.Tensor] = {}
+    file_of: dict[str, int] = {}
     target = str(device) if device is not None and device.type == "cuda" else "cpu"
-    for name in files:
-        state.update(_read(Path(name), root, target))
+    for i, name in enumerate(files):
+        part = _read(Path(name), root, target)
+        file_of.update(dict.fromkeys(part, i))
+        state.update(part)
     mapping = apply_prefix(state, prefix)
-    mapped = {mapping[k]: v for k, v in state.items()}
     module_keys = set(model.state_dict(keep_vars=True))
+    converted = to_module_keys(model, {mapping[k]: v for k, v in state.items()}, module_keys)
+    mapped = converted.tensors
     ties = tied_groups(model)
-    missing, unexpected = _problems(module_keys, set(mapped), ties)
+    missing, unexpected = _problems(module_keys, set(mapped) | (elsewhere or set()), ties)
     if missing or unexpected:
-        raise LoadError(_mismatch(missing, unexpected, list(state), module_keys, ties, prefix))
+        raise LoadError(
+            _mismatch(
+                missing, unexpected, list(state), module_keys, ties, prefix, converted.converted
+            )
+        )
+    if by_file is not None:
+        by_file[:] = _keys_by_file(converted.sources, file_of, mapping, ties, len(files))
     _check_tied_values(mapped, ties)
     block = None
     try:
         if assign:
-            owned, block = owned_tensors(model, mapped, shared=shared)
+            read = {id(t) for t in state.values()}  # the rest were made by the conversion
+            fresh = {k for k, t in mapped.items() if id(t) not in read}
+            owned, block = owned_tensors(model, mapped, shared=shared, fresh=fresh)
             model.load_state_dict(owned, strict=False, assign=True)
             retie(model, ties, set(mapped))
         else:
@@ -270,6 +289,23 @@ def load_weights(
     return block
 
 
+def _keys_by_file(
+    sources: Mapping[str, set[str]],
+    file_of: Mapping[str, int],
+    mapping: Mapping[str, str],
+    ties: Mapping[str, frozenset[str]],
+    count: int,
+) -> list[set[str]]:
+    """Per file, the module keys made (in part) from its tensors, with the names tied to
+    them: what must be read again when that file changes."""
+    raw_of = {v: k for k, v in mapping.items()}
+    out: list[set[str]] = [set() for _ in range(count)]
+    for key, made_from in sources.items():
+        for source in made_from:
+            out[file_of[raw_of[source]]] |= {key} | ties.get(key, frozenset())
+    return out
+
+
 def _mismatch(
     missing: list[str],
     unexpected: list[str],
@@ -277,6 +313,7 @@ def _mismatch(
     module_keys: set[str],
     ties: Mapping[str, frozenset[str]],
     prefix: Mapping[str, str] | None,
+    converted: str | None = None,
 ) -> str:
     problems = []
     if missing:
@@ -284,6 +321,8 @@ def _mismatch(
     if unexpected:
         problems.append(f"unexpected keys: {', '.join(unexpected[:8])}")
     text = "weights do not match the model (" + "; ".join(problems) + ")"
+    if converted:
+        text += f" after transformers' key conversion ({converted})"
     fix = suggest_prefix(file_keys, module_keys, ties)
     if fix is not None:
         verb = "use" if prefix else "add"
@@ -314,42 +353,3 @@ def _check_tied_values(
                     "which this model ties (one shared tensor); untie them in the model's code "
                     "or save the weights from a model that ties them"
                 )
-
-
-# ----------------------------------------------------------------------------- output digest
-
-
-def example_digest(run: Callable[[], Any]) -> str | None:
-    """A digest of what `run` (a forward on the example) returns, equal for two versions
-    exactly when they answered alike; None when it cannot be had. Advisory (it only decides
-    a warning), so it never fails a reload."""
-    try:
-        return output_digest(run())
-    except Exception:
-        return None
-
-
-def output_digest(value: Any) -> str:
-    """A digest of a model's output: tensors, nested dicts, tuples and lists, plain values."""
-    h = hashlib.blake2b(digest_size=16)
-
-    def feed(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
-            t = v.detach().to("cpu").contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(v, Mapping):
-            for k, item in v.items():
-                h.update(f"K{k!r}".encode())
-                feed(item)
-        elif isinstance(v, (list, tuple)):
-            h.update(f"L{len(v)}".encode())
-            for item in v:
-                feed(item)
-        elif v is None or isinstance(v, (str, bytes, int, float, bool)):
-            h.update(repr(v).encode())
-        else:
-            h.update(type(v).__qualname__.encode())  # a cache object: its type alone
-
-    feed(value)
-    return h.hexdigest()

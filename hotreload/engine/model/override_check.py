@@ -1,33 +1,51 @@
 """When to say that the weights file overrode a code edit.
 
-An edit of the code that leaves the example's output the same to the bit, with weights
-declared, most likely changed a value build() sets parameters from (SCALE), which the
-weights file then overwrote: without a word, it looks as if reloading did not work.
+An edit that changes the value build() gives a parameter (`SCALE` in
+`nn.Parameter(torch.full((4,), SCALE))`) changes nothing that serves when a weights file then
+replaces that parameter: without a word, it looks as if reloading did not work. The worker
+digests what build() set each tensor before the files were applied (worker/init_values.py);
+the warning is given when such a digest differs from the previous version's for a tensor
+the files replaced, and for nothing else: not for a version whose code did not change, nor
+for an edit back to the code that serves, nor for an edit of forward().
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from hotreload.config import ModelConfig
 from hotreload.engine.model.jobs import ReloadJob
 from hotreload.engine.model.record import VersionInfo
 
 
+@dataclass(frozen=True)
+class OverrideWarning:
+    message: str
+    #: The tensors whose build() value changed and which the files replaced.
+    names: frozenset[str]
+
+
+def overridden(old: VersionInfo, new: VersionInfo) -> list[str]:
+    """The tensors whose build()-set value differs between `old` and `new` (both replaced
+    by the weights files: the worker digests only those)."""
+    before, after = old.init_digests, new.init_digests
+    return sorted(k for k, d in after.items() if k in before and before[k] != d)
+
+
 def override_warning(
     model: ModelConfig, job: ReloadJob, old: VersionInfo | None, new: VersionInfo
-) -> str | None:
+) -> OverrideWarning | None:
     """The warning for `new`, built by `job` after `old`, or None."""
-    if (
-        job.weights_only
-        or "file" not in job.trigger.split("+")
-        or old is None
-        or new.output_digest is None
-        or new.output_digest != old.output_digest
-    ):
+    if job.weights_only or old is None or not model.weights:
+        return None
+    names = overridden(old, new)
+    if not names:
         return None
     files = ", ".join(p.name for p in model.weights)
-    return (
-        f"v{new.version} answers the example exactly as v{old.version} did although its "
-        f"code changed: {files} is loaded after build() and overrides the parameters "
-        "build() sets, so editing a value they are initialised from changes nothing; "
-        "change the weights file, or apply the value in forward() (shown once)"
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return OverrideWarning(
+        f"v{new.version}'s build() sets {shown} to a new value, but {files} is loaded after "
+        f"build() and replaces it, so v{new.version} answers with the file's values as "
+        f"v{old.version} did; change the weights file, or apply the value in forward()",
+        frozenset(names),
     )

@@ -185,6 +185,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         info.load_s, info.footprint_bytes = r.load_s, r.footprint_bytes
         info.inputs, info.input_form = r.inputs, r.input_form
         info.digest, info.digest_pending = r.digest, r.digest_pending
+        info.init_digests = r.init_digests
         if r.shared:
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:
@@ -192,6 +193,8 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         what = f"{r.reimported} module(s) re-imported" if spec.reimport else "weights only"
         if r.reused:
             what += f", {r.reused} weight tensor(s) shared with the serving version"
+            if r.read_files:  # some files changed (a shard): those read, the rest shared
+                what += f", {r.read_files} of {len(spec.model.weights)} weights file(s) read"
         elif r.mapped:
             what += f", {r.mapped} weight tensor(s) mapped from the serving worker's memory"
         elif r.not_reused:
@@ -224,7 +227,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
             **pace(),
         )
         r = SmokeReply.from_wire(wire)
-        info.outputs, info.output_digest = r.outputs, r.output_digest
+        info.outputs = r.outputs
         info.notes.extend(r.notes)
         sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
         return {"detail": sig + paced(r)}

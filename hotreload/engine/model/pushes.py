@@ -128,6 +128,9 @@ class WeightsPlan:
     lost: list[Overlay] = field(default_factory=list)
     #: The serving version's weights block, for another worker to map (files unchanged).
     base: dict[str, Any] | None = None
+    #: Some files changed, these (indices) did not: the serving worker shares their tensors
+    #: and reads the others (a sharded checkpoint with one shard saved again).
+    unchanged_files: list[int] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The LOAD fields: a worker skips the pushes its base already holds."""
@@ -135,6 +138,7 @@ class WeightsPlan:
             "reuse": self.reuse,
             "overlays": [o.wire() for o in self.overlays],
             **({"base": self.base} if self.base else {}),
+            **({"unchanged_files": self.unchanged_files} if self.unchanged_files else {}),
         }
 
 
@@ -165,7 +169,12 @@ def plan_weights(
     base = serving_block if not same_worker and unchanged else None
     lost = [o for o in keep if not o.replayable and not reuse]
     keep = [o for o in keep if o not in lost] + ([push] if push is not None else [])
-    return WeightsPlan(stat, superseded_dropped(keep), reuse, push, lost, base)
+    plan = WeightsPlan(stat, superseded_dropped(keep), reuse, push, lost, base)
+    if same_worker and not restart and not unchanged and not held and held_stat is not None:
+        # No pushes lie over the serving tensors: those of the files unchanged are the files'.
+        same = [i for i, (a, b) in enumerate(zip(stat, held_stat, strict=False)) if a and a == b]
+        plan.unchanged_files = same if len(stat) == len(held_stat) else None
+    return plan
 
 
 def superseded_dropped(overlays: list[Overlay]) -> list[Overlay]:

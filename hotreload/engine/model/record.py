@@ -45,8 +45,8 @@ class VersionInfo:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     input_form: str = "single"
     footprint_bytes: int = 0
-    #: Digest of the example's output, when weights are declared (worker/weights.py).
-    output_digest: str | None = None
+    #: What build() set each tensor the weights files replaced, digested (override_check).
+    init_digests: dict[str, str] = field(default_factory=dict)
     #: Content digest of its weights (worker/weights_digest.py): equal weights, equal
     #: digest, whether they came from a file or a push. None: not a torch module.
     digest: str | None = None

@@ -100,8 +100,8 @@ class ModelSupervisor:
         #: Called after a wedged worker was killed, before its replacement starts (the
         #: session's GPU reset, where `[gpu] reset` allows one).
         self.escalate: Callable[[ModelSupervisor], Awaitable[None]] | None = None
-        #: The weights-override warning was given (once per session).
-        self.override_warned = False
+        #: The tensors the weights-override warning named (once each per session).
+        self.override_warned: set[str] = set()
         self._pushes = 0
         self._figures = WorkerFigures()
         self.standby = StandbyKeeper(self.st, self.workers, config.root, self.strategy)
@@ -397,11 +397,10 @@ class ModelSupervisor:
                 self.events.emit(RecycleDisabled(model=self.name, reason=strategy.recycle_off))
         outcome.detail.extend(built.detail)
         warning = job and override_warning(self.model, job, self.current, built.info)
-        if warning and not self.override_warned:
-            self.override_warned = True
-            self.events.emit(
-                WeightsOverride(model=self.name, version=built.info.version, message=warning)
-            )
+        if warning and not warning.names <= self.override_warned:
+            self.override_warned |= warning.names
+            version, message = built.info.version, warning.message
+            self.events.emit(WeightsOverride(model=self.name, version=version, message=message))
         return built
 
     # ------------------------------------------------------------------ push

@@ -1,0 +1,94 @@
+"""What build() set each parameter to, before the weights files replaced it.
+
+The override warning (engine/model/override_check.py) is true only when an edit changed a
+value build() gives a parameter and the weights file then replaced it: editing `SCALE` in
+`nn.Parameter(torch.full((4,), SCALE))` changes nothing that serves. So each version
+records a digest per tensor of what build() left, for the tensors the files then replaced,
+and the manager compares them with the previous version's.
+
+What is digested is only what build() computed itself: a tensor an init function was given
+(`torch.nn.init`, or transformers' own, `hf_init_skipped`) is left as allocated while a
+build runs with weights (fast_build.py), or filled at random, and holds no value build()
+chose, so it is left out (its data pointer was recorded then). The build runs under a
+fixed seed, on a forked RNG, so a value drawn at random (`torch.randn`) is the same for the
+same code. Cost: one blake2b pass over the tensors build() computed outside the init
+functions, on the loader thread; for usual models (layers initialised by
+`reset_parameters`, Hugging Face's `_init_weights`) that is a few small tensors or none,
+not the model. A limit: a parameter made with `torch.empty` and given no init at all holds
+whatever the allocator had, which may differ from one build to the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+#: The seed a build with weights runs under (a forked RNG: the worker's own is untouched).
+BUILD_SEED = 0
+
+
+@contextlib.contextmanager
+def seeded_build() -> Iterator[None]:
+    """The factory's random draws the same for the same code (CPU generator, restored after)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(BUILD_SEED)
+        yield
+
+
+def _digest(t: torch.Tensor) -> str:
+    flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(memoryview(flat.numpy()))
+    return h.hexdigest()
+
+
+def built_values(model: object, skipped: set[int]) -> dict[str, str]:
+    """Each state-dict key of `model` whose value build() computed -> its digest; keys over
+    memory that skipped init left as allocated (`skipped`: their data pointers) are left
+    out, as are meta tensors."""
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    out: dict[str, str] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if t.device.type == "meta" or (t.numel() and t.data_ptr() in skipped):
+            continue
+        out[name] = _digest(t)
+    return out
+
+
+@contextlib.contextmanager
+def hf_init_skipped(record: Callable[[torch.Tensor], object]) -> Iterator[None]:
+    """transformers' init functions (`transformers.initialization`) call the torch ones it
+    captured at import, in `TORCH_INIT_FUNCTIONS`, which a patch of `torch.nn.init` does
+    not reach (so every Hugging Face model paid its full random init before the file
+    replaced it). While the block runs they leave a Parameter as allocated: a parameter is
+    in the state dict, so the strict load fills it from the files or refuses. A buffer is
+    still initialised (a non-persistent one is in no file). `record` is told each tensor
+    given to them. Nothing happens when transformers is not imported."""
+    module = sys.modules.get("transformers.initialization")
+    table = getattr(module, "TORCH_INIT_FUNCTIONS", None)
+    if not isinstance(table, dict):
+        yield
+        return
+    saved = dict(table)
+
+    def skipping(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            record(tensor)
+            if isinstance(tensor, torch.nn.Parameter):
+                return tensor
+            return fn(tensor, *args, **kwargs)
+
+        return run
+
+    table.update({name: skipping(fn) for name, fn in saved.items()})
+    try:
+        yield
+    finally:
+        table.update(saved)
