@@ -74,6 +74,9 @@ class LoadReply(Reply):
     shared: dict[str, Any] | None = None
     #: Why the serving version's tensors could not be shared, when sharing was asked.
     not_reused: str | None = None
+    #: Its peft adapters (worker/adapters.py `AdapterSet.wire`): the default, the base's
+    #: digest, each adapter's digest and where its tensors came from. None: none declared.
+    adapters: dict[str, Any] | None = None
 
 
 @dataclass

@@ -28,6 +28,8 @@ from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
+from hotreload.worker.smoke_checks import check_expected as _check_expected
+from hotreload.worker.smoke_checks import fmt_sig as _fmt_sig
 from hotreload.worker.signatures import (
     FORM_SINGLE,
     FORM_TUPLE,
@@ -304,6 +306,7 @@ def build_version(
             overlays=overlays,
             step_done=step_done,
             shared=bool(spec.get("shared_weights")),
+            adapters=(spec.get("adapters") or (), spec.get("default_adapter")),
         )
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
@@ -331,7 +334,9 @@ def build_version(
         build_notes=build_notes,
         weights=placed,
     )
-    if (
+    if placed.adapters is not None:
+        placed.adapters.digest_into(mv, current, digest_now)  # the base's, and each adapter's
+    elif (
         current is not None
         and placed.reused
         and placed.overlay_ids == current.weights.overlay_ids
@@ -434,29 +439,6 @@ def smoke(
             )
     mv.output_signature = sig
     return sig
-
-
-def _fmt_sig(sig: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{e['name']} {e['dtype']}{e['shape']}" for e in sig)
-
-
-def _check_expected(sig: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    first = sig[0]
-    shape = expected.get("shape")
-    if shape is not None and (
-        len(shape) != len(first["shape"])
-        or any(e != -1 and e != a for e, a in zip(shape, first["shape"], strict=False))
-    ):
-        raise LoadError(
-            f"smoke test: output {first['name']!r} has shape {first['shape']}, the config's "
-            f"expected_output.shape is {shape}"
-        )
-    dtype = expected.get("dtype")
-    if dtype is not None and dtype != first["dtype"]:
-        raise LoadError(
-            f"smoke test: output {first['name']!r} has dtype {first['dtype']}, the config's "
-            f"expected_output.dtype is {dtype}"
-        )
 
 
 def release(mv: ModelVersion | None) -> None:

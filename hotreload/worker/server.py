@@ -25,7 +25,7 @@ from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, sen
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader, oom, replies, weights_digest
+from hotreload.worker import adapters, loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -136,9 +136,10 @@ class Worker:
             cpu = mv.device.type == "cpu"
             inputs = {k: tensors[k] if cpu else to_device(tensors[k], mv.device) for k in names}
             params = h.get("parameters")
-            if params:
-                try:
-                    loader.check_parameters(mv, params, inputs)
+            if params or mv.weights.adapters:
+                try:  # `adapter` chooses one of peft's adapters (worker/adapters.py)
+                    params = adapters.choose(mv, params)
+                    loader.check_parameters(mv, params or {}, inputs)
                 except LoadError as exc:
                     self.send(error_header(h["id"], "bad_request", str(exc)))
                     return
@@ -219,6 +220,7 @@ class Worker:
             mapped=mv.weights.mapped,
             shared=mv.weights.shared.descriptor() if mv.weights.shared else None,
             not_reused=mv.weights.not_reused if reuse is not None else None,
+            adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 
@@ -382,6 +384,7 @@ class Worker:
         hashing thread: no worker thread waits for it, and no build thread wakes up)."""
         mv, rid = self.current, frame.header["id"]
         fut = mv.digest_future if mv is not None else None
+        held = mv.weights.adapters if mv is not None else None  # its base digest is in now
         if fut is None:
             self.send({"id": rid, "ok": True, "digest": mv.digest if mv else None})
             return
@@ -390,7 +393,8 @@ class Worker:
             if done.exception() is not None:
                 self.reply_error(rid, done.exception())
             else:
-                self.send({"id": rid, "ok": True, "digest": done.result()})
+                extra = {"adapters": held.wire()} if held is not None else {}
+                self.send({"id": rid, "ok": True, "digest": done.result(), **extra})
 
         fut.add_done_callback(answer)
 

@@ -42,6 +42,10 @@ class ReloadOutcome:
     total_s: float = 0.0
     detail: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    #: The serving weights' digest after it, and its peft adapters' (default, base and
+    #: per-adapter digests; None: no adapters declared).
+    digest: str | None = None
+    adapters: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
