@@ -165,7 +165,10 @@ def main() -> None:
             rows: dict[str, list[float]] = {"adapter save": [], "full reload": [], "push": []}
             warm: dict[str, list[float]] = {k: [] for k in rows}
             for step in range(1, args.rounds + 1):
-                for label, change in (("adapter save", rewrite_adapter), ("full reload", rewrite_base)):
+                for label, change in (
+                    ("adapter save", rewrite_adapter),
+                    ("full reload", rewrite_base),
+                ):
                     t0 = time.perf_counter()
                     change(root, step)
                     version += 1
@@ -194,7 +197,9 @@ def main() -> None:
     target = statistics.median(rows["adapter save"]) - statistics.median(warm["adapter save"])
     print(f"target adapter save minus warm-up <= 0.100 s: {target:.3f} s "
           f"({'met' if target <= 0.1 else 'MISSED'})")  # fmt: skip
-    print(f"per-request switch a<->b: {switch[0]:.3f} ms a request, staying on b: {switch[1]:.3f} ms")
+    print(
+        f"per-request switch a<->b: {switch[0]:.3f} ms a request, staying on b: {switch[1]:.3f} ms"
+    )
     print("adapters:", {n: a["source"] for n, a in status["adapters"]["adapters"].items()})
 
 

@@ -28,8 +28,6 @@ from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
-from hotreload.worker.smoke_checks import check_expected as _check_expected
-from hotreload.worker.smoke_checks import fmt_sig as _fmt_sig
 from hotreload.worker.signatures import (
     FORM_SINGLE,
     FORM_TUPLE,
@@ -41,6 +39,8 @@ from hotreload.worker.signatures import (
     normalise_output,
     output_signature,
 )
+from hotreload.worker.smoke_checks import check_expected as _check_expected
+from hotreload.worker.smoke_checks import fmt_sig as _fmt_sig
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
 from hotreload.worker.weights_digest import digest_later, state_digest

@@ -147,7 +147,7 @@ def session(tmp_path: Path, serve: Any) -> Any:
         yield config, server, client
 
 
-def test_adapters_are_chosen_per_request_on_every_front(session: Any) -> None:
+def test_adapters_per_request_on_every_front_a_save_and_a_push(session: Any) -> None:
     config, server, client = session
     root = config.parent
     want = {n: peft_logits(root, n) for n in ("a", "b")}
@@ -181,12 +181,12 @@ def test_adapters_are_chosen_per_request_on_every_front(session: Any) -> None:
     status, _, body = request(server.url, "/v2/models/lm", headers=http_headers(config))
     meta = json.loads(body)
     assert meta["parameters"]["adapters"]["adapters"]["b"]["digest"] == digests["b"]
+    # One session for both halves: a session and its project take most of the time.
+    check_an_adapter_save_then_a_push(config, client)
 
 
-def test_an_adapter_save_reloads_that_adapter_and_a_push_of_its_tensors_serves(
-    session: Any,
-) -> None:
-    config, _, client = session
+def check_an_adapter_save_then_a_push(config: Path, client: Client) -> None:
+    """An adapter save reloads that adapter only; a push of adapter tensors alone serves."""
     root = config.parent
     before = client.status()["models"][0]
     save_adapter(root, "b", 7)
@@ -197,7 +197,9 @@ def test_an_adapter_save_reloads_that_adapter_and_a_push_of_its_tensors_serves(
     done = [e for e in read_events(config) if e["kind"] == "reload_done"]
     assert done and done[-1].get("version") == 2
     loads = [e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "load"]
-    assert "weights only" in loads[-1]["detail"] and "shared with the serving" in loads[-1]["detail"]
+    assert (
+        "weights only" in loads[-1]["detail"] and "shared with the serving" in loads[-1]["detail"]
+    )
     after = client.status()["models"][0]
     a0, a1 = (s["adapters"]["adapters"]["a"] for s in (before, after))
     b0, b1 = (s["adapters"]["adapters"]["b"] for s in (before, after))
@@ -206,19 +208,24 @@ def test_an_adapter_save_reloads_that_adapter_and_a_push_of_its_tensors_serves(
     assert after["adapters"]["base_digest"] == before["adapters"]["base_digest"]
     assert after["digest"] != before["digest"]
 
-    # A push of adapter b's tensors alone, named as peft's save_pretrained writes them.
+    # A push of adapter tensors alone: a's named as peft's save_pretrained writes them (no
+    # adapter name: the default adapter), b's as a peft model trained as "b" holds them.
     from safetensors.torch import load_file
 
-    saved = load_file(str(root / "adapters" / "b" / "adapter_model.safetensors"))
-    pushed = {k: v * 0.5 for k, v in saved.items()}
-    reply = client.update_weights("lm", pushed, strict=False)
+    def saved(name: str) -> dict[str, Any]:
+        return load_file(str(root / "adapters" / name / "adapter_model.safetensors"))
+
+    new_a = {k: v * 0.5 for k, v in saved("a").items()}
+    new_b = {k.replace(".weight", ".b.weight"): v * 2.0 for k, v in saved("b").items()}
+    reply = client.update_weights("lm", {**new_a, **new_b}, strict=False)
     assert reply["version"] == 3
-    assert reply["adapters"]["adapters"]["b"]["source"].endswith("+push")
-    ref_model = peft.PeftModel.from_pretrained(base_model(root), root / "adapters" / "b")
-    peft.set_peft_model_state_dict(ref_model, pushed)
-    with torch.inference_mode():
-        ref = ref_model.eval()(input_ids=torch.from_numpy(IDS)).logits.numpy()
-    result, got = logits(client, "b", min_version=3)
-    np.testing.assert_allclose(got, ref, **TOL)
-    np.testing.assert_allclose(logits(client, "a")[1], peft_logits(root, "a"), **TOL)
+    sources = {n: a["source"] for n, a in reply["adapters"]["adapters"].items()}
+    assert sources == {"a": "shared+push", "b": "shared+push"}, sources
+    for name, state in (("a", new_a), ("b", {k: v * 2.0 for k, v in saved("b").items()})):
+        ref_model = peft.PeftModel.from_pretrained(base_model(root), root / "adapters" / name)
+        peft.set_peft_model_state_dict(ref_model, state)
+        with torch.inference_mode():
+            ref = ref_model.eval()(input_ids=torch.from_numpy(IDS)).logits.numpy()
+        result, got = logits(client, name, min_version=3)
+        np.testing.assert_allclose(got, ref, **TOL)
     assert count_events(config, "reload_done", trigger="push") == 1
