@@ -164,6 +164,7 @@ def main() -> None:
             version = client.status()["models"][0]["version"]
             rows: dict[str, list[float]] = {"adapter save": [], "full reload": [], "push": []}
             warm: dict[str, list[float]] = {k: [] for k in rows}
+            phases: dict[str, dict[str, float]] = {}
             for step in range(1, args.rounds + 1):
                 for label, change in (
                     ("adapter save", rewrite_adapter),
@@ -173,7 +174,8 @@ def main() -> None:
                     change(root, step)
                     version += 1
                     rows[label].append(first_answer(client, version) - t0)
-                    warm[label].append(last_reload(root, version).get("warm", 0.0))
+                    phases[label] = last_reload(root, version)
+                    warm[label].append(phases[label].get("warm", 0.0))
                 from safetensors.torch import load_file
 
                 path = root / "adapters" / "b" / "adapter_model.safetensors"
@@ -182,7 +184,8 @@ def main() -> None:
                 client.update_weights("lm", state, strict=False)
                 version += 1
                 rows["push"].append(first_answer(client, version) - t0)
-                warm["push"].append(last_reload(root, version).get("warm", 0.0))
+                phases["push"] = last_reload(root, version)
+                warm["push"].append(phases["push"].get("warm", 0.0))
             switch = per_request_switch(client)
             status = client.status()["models"][0]
             client.close()
@@ -200,6 +203,8 @@ def main() -> None:
     print(
         f"per-request switch a<->b: {switch[0]:.3f} ms a request, staying on b: {switch[1]:.3f} ms"
     )
+    for label, ph in phases.items():
+        print(f"{label} phases (last round, s):", {k: round(v, 3) for k, v in ph.items()})
     print("adapters:", {n: a["source"] for n, a in status["adapters"]["adapters"].items()})
 
 

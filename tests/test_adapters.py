@@ -20,6 +20,7 @@ from hotreload.errors import ConfigError
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
+from hotreload.worker.adapter_copy import copied  # noqa: E402
 from hotreload.worker.adapter_pushes import peft_form  # noqa: E402
 from hotreload.worker.adapters import UnknownAdapter, choose  # noqa: E402
 from hotreload.worker.load_error import LoadError  # noqa: E402
@@ -77,7 +78,7 @@ def served(folders: dict[str, Path], current: Any = None, default: str | None = 
         model, [str(base)], None, root="/", device=torch.device("cpu"), current=current,
         adapters=(specs, default),
     )  # fmt: skip
-    return SimpleNamespace(model=model, weights=placed, digest=None)
+    return SimpleNamespace(model=model, weights=placed, digest=None, on_host=False)
 
 
 def answer(mv: Any, adapter: str | None) -> torch.Tensor:
@@ -133,6 +134,37 @@ def test_an_unchanged_adapter_is_shared_and_a_saved_one_read(
     a1, a2 = (v.weights.adapters.adapters["a"].digest for v in (first, second))
     b1, b2 = (v.weights.adapters.adapters["b"].digest for v in (first, second))
     assert a1 == a2 and b1 != b2
+
+
+def test_an_adapter_save_copies_the_serving_module_and_reads_that_adapter_only(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    moved = {n: Path(shutil.copytree(f, tmp_path / n)) for n, f in folders.items()}
+    shutil.copy(next(iter(folders.values())).parent / "base.safetensors", tmp_path)
+    first = served(moved)
+    save_adapter(moved["b"], 11, ["up"])
+    specs = [{"name": n, "folder": str(f)} for n, f in moved.items()]
+    got = copied({"adapters": specs}, first, [], torch.device("cpu"))
+    assert got is not None
+    clone, placed = got
+    second = SimpleNamespace(model=clone, weights=placed)
+    assert clone is not first.model
+    old, new = first.model.state_dict(), clone.state_dict()
+    b_keys = set(first.weights.adapters.adapters["b"].keys)
+    assert all(old[k].data_ptr() == new[k].data_ptr() for k in old if k not in b_keys)
+    assert all(old[k].data_ptr() != new[k].data_ptr() for k in b_keys)
+    assert {n: a.source for n, a in placed.adapters.adapters.items()} == {
+        "a": "shared",
+        "b": "file",
+    }
+    for name in ("a", "b", "base"):
+        want = peft_output(moved, None if name == "base" else name)
+        torch.testing.assert_close(answer(second, name), want)
+    torch.testing.assert_close(answer(first, "b"), peft_output(folders, "b"))  # old serves on
+    # A changed adapter_config.json may change the layers: the ordinary build, not a copy.
+    cfg = moved["a"] / "adapter_config.json"
+    cfg.write_text(cfg.read_text() + "\n")
+    assert copied({"adapters": specs}, first, [], torch.device("cpu")) is None
 
 
 def test_an_adapter_for_another_base_says_so(tmp_path: Path) -> None:

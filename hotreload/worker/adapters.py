@@ -47,6 +47,14 @@ class UnknownAdapter(LoadError):
     """A request named an adapter the model does not serve (a bad request, not a bug)."""
 
 
+def config_text(folder: Path) -> str:
+    """adapter_config.json's text ("" when it cannot be read)."""
+    try:
+        return (folder / CONFIG_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def _stamp(folder: Path) -> tuple[Any, ...]:
     """Device, inode, size and modification time of both files: any save changes it."""
     out: list[Any] = []
@@ -72,6 +80,9 @@ class ServedAdapter:
     digest: str = ""
     #: "file" (read now), "shared" (the serving version's tensors), plus "+push".
     source: str = "file"
+    #: adapter_config.json as read (peft rewrites it with every save: its text decides
+    #: whether the layers may have changed, not its stamp).
+    config: str = ""
 
     def wire(self) -> dict[str, Any]:
         return {"digest": self.digest, "source": self.source, "folder": self.folder}
@@ -204,7 +215,7 @@ def _load(
     state: Mapping[str, torch.Tensor],
     name: str,
     what: str,
-) -> None:
+) -> Any:
     """peft's own load of a state as peft saves it: names mapped, tensors assigned (never
     copied into the serving version's, which may share them)."""
     from peft import set_peft_model_state_dict
@@ -221,6 +232,23 @@ def _load(
             f"adapter {name!r}: {what} holds {len(unexpected)} tensor(s) its LoRA layers do "
             f"not have: {shown}"
         )
+    return result
+
+
+def lora_layers(model: torch.nn.Module) -> list[tuple[str, Any]]:
+    """peft's tuner layers of `model`, by module path."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [(p, m) for p, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+def adapter_digest(model: torch.nn.Module, name: str) -> str:
+    """The content digest of adapter `name`'s tensors as peft saves them."""
+    from peft.utils import get_peft_model_state_dict
+
+    # save_embedding_layers=False: "auto" would look up the base's config on the Hub.
+    state = get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
+    return state_digest(state)
 
 
 def attach(
@@ -237,8 +265,6 @@ def attach(
     tensors: the serving version's when its files are unchanged, else the files'; then the
     pushes of adapter tensors (id, adapter -> state as peft saves it) in order."""
     from peft import PeftConfig
-    from peft.tuners.tuners_utils import BaseTunerLayer
-    from peft.utils import get_peft_model_state_dict
 
     base_state = dict(model.state_dict(keep_vars=True))
     held = getattr(getattr(current, "weights", None), "adapters", None)
@@ -250,8 +276,7 @@ def attach(
         stamp = _stamp(folder)
         configs[name] = _peft_config(folder, name)
         _inject(model, configs[name], name, folder)
-        layers = [(p, m) for p, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
-        keys = list(_adapter_params(layers, name))
+        keys = list(_adapter_params(lora_layers(model), name))
         old = held.adapters.get(name) if held is not None else None
         if old is not None and old.stamp == stamp and old.keys == keys and held_model is not None:
             mine = held_model.state_dict(keep_vars=True)
@@ -261,7 +286,9 @@ def attach(
             state = file_state(_read(folder / WEIGHTS_FILE, name), prefix)
             _load(model, state, name, WEIGHTS_FILE)
             source = "file"
-        served[name] = ServedAdapter(name, str(folder), stamp, keys, source=source)
+        served[name] = ServedAdapter(
+            name, str(folder), stamp, keys, source=source, config=config_text(folder)
+        )
     model.peft_config = configs  # every adapter's, for peft's functions below
     seen = set(getattr(getattr(current, "weights", None), "overlay_ids", ()))
     for push_id, groups in pushes:
@@ -271,7 +298,7 @@ def attach(
             _load(model, state, name, "the push")
             if not served[name].source.endswith("+push"):
                 served[name].source += "+push"
-    layers = [(p, m) for p, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+    layers = lora_layers(model)
     for name, adapter in served.items():
         params = _adapter_params(layers, name)
         left = sorted(k for k, t in params.items() if t.device.type == "meta")
@@ -280,9 +307,7 @@ def attach(
                 f"adapter {name!r}: {WEIGHTS_FILE} in {adapter.folder} misses {len(left)} of "
                 f"its tensor(s): {', '.join(left[:5])}; save the adapter with peft again"
             )
-        # save_embedding_layers=False: "auto" would look up the base's config on the Hub.
-        state = get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
-        adapter.digest = state_digest(state)
+        adapter.digest = adapter_digest(model, name)
     for _, layer in layers:
         layer.to(device)
     chosen = default or (next(iter(served)) if served else BASE)

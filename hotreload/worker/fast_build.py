@@ -14,6 +14,7 @@ copy of the file's tensors becomes the parameters. Buffers the module computes i
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -46,19 +47,26 @@ def _leave(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     return tensor
 
 
+#: transformers 5's own guarded copies of the init functions (its models' `_init_weights`
+#: call these, which call the torch functions they captured at import): skipped as well.
+_HF_INIT = "transformers.initialization"
+
+
 @contextlib.contextmanager
 def skipped_init() -> Iterator[None]:
-    """`torch.nn.init` leaves tensors as they are while the block runs (one build at a time;
-    inference never calls these, so the serving thread is unaffected)."""
+    """`torch.nn.init` (and transformers' init functions, once transformers is imported)
+    leave tensors as they are while the block runs (one build at a time; inference never
+    calls these, so the serving thread is unaffected)."""
+    modules = [torch.nn.init, *([sys.modules[_HF_INIT]] if _HF_INIT in sys.modules else [])]
     with _LOCK:
-        saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES if hasattr(torch.nn.init, n)}
-        for name in saved:
-            setattr(torch.nn.init, name, _leave)
+        saved = [(m, n, getattr(m, n)) for m in modules for n in _INIT_NAMES if hasattr(m, n)]
+        for module, name, _ in saved:
+            setattr(module, name, _leave)
         try:
             yield
         finally:
-            for name, fn in saved.items():
-                setattr(torch.nn.init, name, fn)
+            for module, name, fn in saved:
+                setattr(module, name, fn)
 
 
 def build_without_init(factory: Callable[[], Any], note: Callable[[str], None]) -> Any:

@@ -23,6 +23,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.errors import did_you_mean
+from hotreload.worker import adapter_copy
 from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
@@ -265,12 +266,14 @@ def build_version(
     base: Mapping[str, Any] | None = None,
     overlays: Sequence[Mapping[str, Any]] = (),
     digest_now: bool = False,
+    same_code: bool = False,
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
     `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
     `current`: the serving version, whose weight tensors the build shares when the files
     are unchanged; `base`: another worker's weights block to map instead (respawn);
-    `overlays`: pushed weights on top (weight_sources.py)."""
+    `overlays`: pushed weights on top (weight_sources.py). `same_code` (not re-imported):
+    an adapters-only change copies the serving module instead (adapter_copy.py)."""
     root = Path(spec["root"])
     started = time.perf_counter()
     before = allocated_bytes(device)
@@ -282,9 +285,12 @@ def build_version(
         step_done()
         files = spec.get("weights") or []
         build_notes: list[str] = []
+        quick = adapter_copy.copied(spec, current, overlays, device) if same_code else None
+        if quick is not None:
+            model = quick[0]  # the serving module's structure, its tensors shared
         # Only with files: they hold every weight whatever happens (a version whose tensors
         # cannot be shared, a push of a subset); without, build() sets the weights itself.
-        if files and not spec["entry"].get("torchscript"):
+        elif files and not spec["entry"].get("torchscript"):
             # Every parameter comes from the files: no random initialization to overwrite.
             model = build_without_init(factory, build_notes.append)
         else:
@@ -295,18 +301,22 @@ def build_version(
                 f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
-        placed = place_weights(
-            model,
-            files,
-            spec.get("weights_prefix"),
-            root=str(root),
-            device=device,
-            current=current,
-            base=base,
-            overlays=overlays,
-            step_done=step_done,
-            shared=bool(spec.get("shared_weights")),
-            adapters=(spec.get("adapters") or (), spec.get("default_adapter")),
+        placed = (
+            quick[1]
+            if quick is not None
+            else place_weights(
+                model,
+                files,
+                spec.get("weights_prefix"),
+                root=str(root),
+                device=device,
+                current=current,
+                base=base,
+                overlays=overlays,
+                step_done=step_done,
+                shared=bool(spec.get("shared_weights")),
+                adapters=(spec.get("adapters") or (), spec.get("default_adapter")),
+            )
         )
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()

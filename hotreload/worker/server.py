@@ -202,6 +202,7 @@ class Worker:
             base=h.get("base") if self.current is None else None,
             overlays=h.get("overlays") or (),
             digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
+            same_code=not h.get("reimport", True),
         )
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
