@@ -1,11 +1,12 @@
 """An adapter save (or an adapter push) as the next version, without building the base.
 
 When the code was not re-imported and the base is unchanged, the next version is the
-serving module copied as a structure (`copy.deepcopy` with every parameter and buffer
-mapped to itself, so no tensor is copied), with the saved adapter's tensors loaded into
-the copy by peft's `set_peft_model_state_dict` (assigned: new tensors in the copy's
-layers, the serving version's untouched). Its cost is the module count and the adapter's
-bytes: no factory call, no peft injection, no base read, whatever the base weighs.
+serving module copied as a structure (a new object per module with its own tables of
+parameters, buffers and submodules, the tensors in them the same: none is copied), with
+the saved adapter's tensors loaded into the copy by peft's `set_peft_model_state_dict`
+(assigned: new tensors in the copy's layers, the serving version's untouched). Its cost
+is the module count and the adapter's bytes: no factory call, no peft injection, no base
+read, whatever the base weighs.
 
 Anything else (an adapter's config changed, adapters added or removed, a push holding base
 tensors) returns None: the ordinary build (factory, base shared, adapters injected) runs.
@@ -14,7 +15,6 @@ tensors) returns None: the ordinary build (factory, base shared, adapters inject
 from __future__ import annotations
 
 import copy
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -81,8 +81,7 @@ def copied(
     folders = {str(s["name"]): Path(str(s["folder"])) for s in specs}
     if any(config_text(folders[n]) != held.adapters[n].config for n in declared):
         return None  # a changed adapter_config.json may change the layers themselves
-    tensors = itertools.chain(model.parameters(), model.buffers())
-    clone = copy.deepcopy(model, {id(t): t for t in tensors})
+    clone = structure_copy(model, {})
     prefix = spec.get("weights_prefix")
     served: dict[str, ServedAdapter] = {}
     for s in specs:
@@ -106,8 +105,6 @@ def copied(
     for name, adapter in served.items():
         if adapter.source != "shared":
             adapter.digest = adapter_digest(clone, name)
-        for _, layer in layers:
-            layer.to(device)
     aset = AdapterSet(
         served, held.default, held.base_state, held.base_digest, [m for _, m in layers]
     )
@@ -119,6 +116,23 @@ def copied(
         adapters=aset,
     )
     return clone, placed
+
+
+def structure_copy(module: torch.nn.Module, done: dict[int, Any]) -> Any:
+    """A new module object for `module` and each submodule, holding the same tensors and
+    attributes: its own `_parameters`, `_buffers` and `_modules` tables, so assigning a
+    tensor or switching an adapter in the copy leaves the original as it is. A shared
+    submodule stays shared (`done`); 10 us a module, whatever its tensors weigh."""
+    if id(module) in done:
+        return done[id(module)]
+    clone = copy.copy(module)
+    done[id(module)] = clone
+    clone.__dict__["_parameters"] = dict(module._parameters)
+    clone.__dict__["_buffers"] = dict(module._buffers)
+    clone.__dict__["_modules"] = {
+        k: None if m is None else structure_copy(m, done) for k, m in module._modules.items()
+    }
+    return clone
 
 
 def _complete(result: Any, keys: Sequence[str]) -> bool:
