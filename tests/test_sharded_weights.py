@@ -63,6 +63,9 @@ def test_a_build_after_one_shard_is_saved_again_shares_the_others(tmp_path: Path
     other = plan_weights(model, [], held, same_worker=False, restart=False, push=None)
     assert other.unchanged_files is None
     pushed = Overlay(1, {"tensors": []}, True)
-    assert plan_weights(
-        model, [pushed], held, same_worker=True, restart=False, push=None
-    ).unchanged_files is None
+    assert (
+        plan_weights(
+            model, [pushed], held, same_worker=True, restart=False, push=None
+        ).unchanged_files
+        is None
+    )

@@ -50,6 +50,7 @@ def format_status(status: dict[str, Any]) -> str:
                 f"  weights {m['digest']}"
                 + (f" (the files' with {pushed} push(es) over them)" if pushed else "")
             )
+        lines.extend(adapter_lines(m.get("adapters")))
         waiting = m.get("waiting_for_version")
         if waiting:
             lines.append(f"  {waiting} request(s) waiting for a later version (min_version)")
@@ -93,3 +94,18 @@ def status_main(config: str | None, *, as_json: bool = False, model: str | None 
     else:
         print(format_status(status))
     return EXIT_OK
+
+
+def adapter_lines(adapters: dict[str, Any] | None) -> list[str]:
+    """A model's peft adapters under its weights line: each one's digest, the default
+    marked, and the base's digest."""
+    if not adapters:
+        return []
+    default = adapters.get("default")
+    lines = []
+    for name, a in (adapters.get("adapters") or {}).items():
+        mark = " (default)" if name == default else ""
+        lines.append(f"  adapter {name}{mark} {a.get('digest')} from {a.get('source')}")
+    base = " (default)" if default == "base" else ""
+    lines.append(f"  base{base} {adapters.get('base_digest') or 'hashing'}")
+    return lines

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hotreload.config import adapters as adapters_mod
 from hotreload.config import weights as weights_mod
 from hotreload.config.checker import Checker, kind_of
 from hotreload.config.shapes import parse_shapes
@@ -172,6 +173,18 @@ class ModelConfig:
     #: Its tokenizer: a folder as `save_pretrained` writes it (unset: the model module's
     #: own `encode`/`decode`).
     tokenizer: Path | None = None
+    #: peft LoRA adapter folders served over the base, chosen per request
+    #: (`parameters={"adapter": name}`): `{ a = "adapters/a" }` or a list of folders.
+    adapters: tuple[adapters_mod.Adapter, ...] = ()
+    #: What a request naming no adapter gets: an adapter's name, or "base" for the base
+    #: alone. Unset: the first declared adapter.
+    default_adapter: str | None = None
+
+    @property
+    def weight_files(self) -> tuple[Path, ...]:
+        """Every file whose save changes this model's weights: the `weights` files, then
+        each adapter's adapter_config.json and adapter_model.safetensors."""
+        return self.weights + tuple(f for a in self.adapters for f in a.files)
 
 
 MODEL_KEYS = (
@@ -201,6 +214,8 @@ MODEL_KEYS = (
     "shapes",
     "generator",
     "tokenizer",
+    "adapters",
+    "default_adapter",
 )
 _DEADLINE_KEYS = tuple(Deadlines.__dataclass_fields__)
 
@@ -358,6 +373,7 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
     )
 
     generator, tokenizer = parse_text(m, root)
+    adapters = adapters_mod.parse_adapters(m, root)
     return ModelConfig(
         name=name,
         entry=entry,
@@ -387,6 +403,8 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         shapes=shapes,
         generator=generator,
         tokenizer=tokenizer,
+        adapters=adapters,
+        default_adapter=adapters_mod.parse_default_adapter(m, adapters),
     )
 
 

@@ -156,7 +156,7 @@ class FileWatcher:
         folders: set[Path] = set()
         for m in self.config.models:
             folders.update(p if p.is_dir() else p.parent for p in m.watch)
-            folders.update(w.parent for w in m.weights)
+            folders.update(w.parent for w in m.weight_files)
         # A folder inside another watched one is covered already.
         return sorted(f for f in folders if not any(o != f and o in f.parents for o in folders))
 
@@ -170,7 +170,7 @@ class FileWatcher:
         """(model, is_weights) for each model this path belongs to."""
         hits = []
         for m in self.config.models:
-            if path in m.weights:
+            if path in m.weight_files:  # weights and adapter files: no re-import
                 hits.append((m, True))
                 continue
             for root in m.watch:
@@ -184,7 +184,7 @@ class FileWatcher:
     def _tracked_files(self) -> Iterable[Path]:
         yield self.config.path
         for m in self.config.models:
-            yield from m.weights
+            yield from m.weight_files
             for root in m.watch:
                 if root.is_file():
                     yield root

@@ -94,6 +94,8 @@ def worker_spec(
         "watch": [str(p) for p in model.watch],
         "shapes": {k: list(v) for k, v in model.shapes.items()},
         "tokenizer": str(model.tokenizer) if model.tokenizer else None,
+        "adapters": [a.to_wire() for a in model.adapters],
+        "default_adapter": model.default_adapter,
     }
     spec.update(code or {})
     return spec

@@ -93,13 +93,18 @@ def model_metadata_doc(
     inputs: Sequence[Mapping[str, Any]],
     outputs: Sequence[Mapping[str, Any]],
     digest: str | None = None,
+    adapters: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """KServe model metadata: inputs with their declared dims (-1 where any size is
     accepted). An output's dimensions past the batch are -1 as soon as an input may vary
     beyond its batch (they may follow it, as a sequence length does). `parameters`
-    carries the serving weights' digest (hotreload's addition; clients ignore it)."""
+    carries the serving weights' digest, and its peft adapters' (the default, each one's
+    digest), hotreload's addition that clients ignore."""
     in_dims = [dims_of(s) for s in inputs]
-    extra = {"parameters": {"weights_digest": digest}} if digest else {}
+    params = {"weights_digest": digest} if digest else {}
+    if adapters:
+        params["adapters"] = dict(adapters)
+    extra = {"parameters": params} if params else {}
     return {
         **extra,
         "name": name,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from hotreload.errors import ClientError
+from hotreload.http import adapter_choice
 from hotreload.http import completions as c
 from hotreload.http.replies import HttpError, client_error, json_response
 from hotreload.http.text_metrics import TextCollector
@@ -142,14 +143,20 @@ class TextRoutes:
 
     async def completions(self, request: web.Request) -> web.Response:
         doc = await self._doc(request)
-        host = self._generator(doc.get("model"))
-        reply = await self._run(host, self._parsed(c.completion_request, doc, host), request, doc)
-        return self._answer(c.completion_response(host.name, reply), reply)
+        # "llm:a" names adapter "a" of model "llm" (what lm-eval's model= can carry).
+        name, adapter = adapter_choice.split_model(doc.get("model"), doc)
+        host = self._generator(name)
+        text = adapter_choice.with_adapter(self._parsed(c.completion_request, doc, host), adapter)
+        reply = await self._run(host, text, request, doc)
+        shown = adapter_choice.shown_name(host.name, adapter)
+        return self._answer(c.completion_response(shown, reply), reply)
 
     async def generate(self, request: web.Request) -> web.Response:
         host = self._generator(self.kapp._host(request).name)
         doc = await self._doc(request)
-        reply = await self._run(host, self._parsed(c.generate_request, doc, host), request, doc)
+        _, adapter = adapter_choice.split_model(None, doc)
+        text = adapter_choice.with_adapter(self._parsed(c.generate_request, doc, host), adapter)
+        reply = await self._run(host, text, request, doc)
         return self._answer(c.generate_response(host.name, reply), reply)
 
     async def tokenize(self, request: web.Request) -> web.Response:

@@ -217,6 +217,7 @@ class KServeApp:
                 list(view.inputs),
                 list(view.outputs),
                 view.digest,
+                view.adapters,
             )
         )
 

@@ -78,6 +78,9 @@ class LoadReply(Reply):
     read_files: int = 0
     #: Digest of what build() set each tensor the files replaced (worker/init_values.py).
     init_digests: dict[str, str] = field(default_factory=dict)
+    #: Its peft adapters (worker/adapters.py `AdapterSet.wire`): the default, the base's
+    #: digest, each adapter's digest and where its tensors came from. None: none declared.
+    adapters: dict[str, Any] | None = None
 
 
 @dataclass

@@ -38,7 +38,8 @@ def weights_reply(frame: Frame) -> dict[str, Any]:
     version, digest = frame.header.get("version"), frame.header.get("digest")
     if not isinstance(version, int) or not isinstance(digest, str):
         raise ProtocolError("the update_weights reply lacks its version or digest")
-    return {"version": version, "digest": digest}
+    adapters = frame.header.get("adapters")  # peft adapters' digests, when it has some
+    return {"version": version, "digest": digest, **({"adapters": adapters} if adapters else {})}
 
 
 def version_reply(frame: Frame) -> int:

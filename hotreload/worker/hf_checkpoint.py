@@ -38,9 +38,7 @@ def hf_models(model: torch.nn.Module) -> list[tuple[str, Any]]:
         return [("", model)]
     found: list[tuple[str, Any]] = []
     for path, sub in model.named_modules():
-        if isinstance(sub, PreTrainedModel) and not any(
-            path.startswith(p + ".") for p, _ in found
-        ):
+        if isinstance(sub, PreTrainedModel) and not any(path.startswith(p + ".") for p, _ in found):
             found.append((path, sub))
     return found
 

@@ -23,6 +23,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.errors import did_you_mean
+from hotreload.worker import adapter_copy
 from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
@@ -40,6 +41,8 @@ from hotreload.worker.signatures import (
     output_signature,
     parameter_problem,
 )
+from hotreload.worker.smoke_checks import check_expected as _check_expected
+from hotreload.worker.smoke_checks import fmt_sig as _fmt_sig
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
 from hotreload.worker.weights_digest import digest_later, state_digest
@@ -261,12 +264,14 @@ def build_version(
     overlays: Sequence[Mapping[str, Any]] = (),
     digest_now: bool = False,
     unchanged: Sequence[int] | None = None,
+    same_code: bool = False,
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
     `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
     `current`: the serving version, whose weight tensors the build shares when the files
     (or the `unchanged` ones) are unchanged; `base`: another worker's weights block to map
-    instead (respawn); `overlays`: pushed weights on top (weight_sources.py)."""
+    instead (respawn); `overlays`: pushed weights on top (weight_sources.py). `same_code`
+    (not re-imported): an adapters-only change copies the serving module (adapter_copy.py)."""
     root = Path(spec["root"])
     started = time.perf_counter()
     before = allocated_bytes(device)
@@ -279,9 +284,12 @@ def build_version(
         files = spec.get("weights") or []
         build_notes: list[str] = []
         set_by_build: dict[str, str] = {}
+        quick = adapter_copy.copied(spec, current, overlays, device) if same_code else None
+        if quick is not None:
+            model = quick[0]  # the serving module's structure, its tensors shared
         # Only with files: they hold every weight whatever happens (a version whose tensors
         # cannot be shared, a push of a subset); without, build() sets the weights itself.
-        if files and not spec["entry"].get("torchscript"):
+        elif files and not spec["entry"].get("torchscript"):
             # Every parameter comes from the files: no random initialization to overwrite.
             model = build_without_init(factory, build_notes.append, set_by_build)
         else:
@@ -292,18 +300,23 @@ def build_version(
                 f"{spec['entry']['spec']} returned {type(model).__name__}, which is not callable; "
                 "return a torch.nn.Module or a function"
             )
-        placed = place_weights(
-            model,
-            files,
-            spec.get("weights_prefix"),
-            root=str(root),
-            device=device,
-            current=current,
-            base=base,
-            overlays=overlays,
-            step_done=step_done,
-            shared=bool(spec.get("shared_weights")),
-            unchanged=unchanged,
+        placed = (
+            quick[1]
+            if quick is not None
+            else place_weights(
+                model,
+                files,
+                spec.get("weights_prefix"),
+                root=str(root),
+                device=device,
+                current=current,
+                base=base,
+                overlays=overlays,
+                step_done=step_done,
+                shared=bool(spec.get("shared_weights")),
+                unchanged=unchanged,
+                adapters=(spec.get("adapters") or (), spec.get("default_adapter")),
+            )
         )
         if isinstance(model, torch.nn.Module):
             model = model.to(device).eval()
@@ -332,7 +345,9 @@ def build_version(
         weights=placed,
         init_digests={k: d for k, d in set_by_build.items() if k in placed.keys},
     )
-    if (
+    if placed.adapters is not None:
+        placed.adapters.digest_into(mv, current, digest_now)  # the base's, and each adapter's
+    elif (
         current is not None
         and placed.reused == len(placed.keys) > 0  # all shared: none read (a shard) or pushed
         and placed.overlay_ids == current.weights.overlay_ids
@@ -430,29 +445,6 @@ def smoke(
             )
     mv.output_signature = sig
     return sig
-
-
-def _fmt_sig(sig: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{e['name']} {e['dtype']}{e['shape']}" for e in sig)
-
-
-def _check_expected(sig: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    first = sig[0]
-    shape = expected.get("shape")
-    if shape is not None and (
-        len(shape) != len(first["shape"])
-        or any(e != -1 and e != a for e, a in zip(shape, first["shape"], strict=False))
-    ):
-        raise LoadError(
-            f"smoke test: output {first['name']!r} has shape {first['shape']}, the config's "
-            f"expected_output.shape is {shape}"
-        )
-    dtype = expected.get("dtype")
-    if dtype is not None and dtype != first["dtype"]:
-        raise LoadError(
-            f"smoke test: output {first['name']!r} has dtype {first['dtype']}, the config's "
-            f"expected_output.dtype is {dtype}"
-        )
 
 
 def release(mv: ModelVersion | None) -> None:

@@ -25,7 +25,7 @@ from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, sen
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader, oom, replies, weights_digest
+from hotreload.worker import adapters, loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -142,9 +142,10 @@ class Worker:
             cpu = mv.device.type == "cpu"
             inputs = {k: tensors[k] if cpu else to_device(tensors[k], mv.device) for k in names}
             params = h.get("parameters")
-            if params:
-                try:
-                    loader.check_parameters(mv, params, inputs)
+            if params or mv.weights.adapters:
+                try:  # `adapter` chooses one of peft's adapters (worker/adapters.py)
+                    params = adapters.choose(mv, params)
+                    loader.check_parameters(mv, params or {}, inputs)
                 except LoadError as exc:
                     self.send(error_header(h["id"], "bad_request", str(exc)))
                     return
@@ -195,9 +196,8 @@ class Worker:
         self.state = "loading" if self.current is None else self.state
         rss_before = self.process.memory_info().rss
         pacer = self._pacer(h)
-        # The files unchanged since the serving version read them (the manager compares):
-        # share its tensors rather than read them again. Pushes since go on top.
-        # Or some of them (`unchanged_files`: a sharded checkpoint with a shard saved again).
+        # Files (or, `unchanged_files`, the shards) unchanged since the serving version read
+        # them (the manager compares): share its tensors, pushes since on top.
         shard_reuse = h.get("unchanged_files")
         reuse = self.current if (h.get("reuse") or shard_reuse) and self.current else None
         mv = loader.build_version(
@@ -210,9 +210,9 @@ class Worker:
             overlays=h.get("overlays") or (),
             digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
             unchanged=shard_reuse if shard_reuse is not None and not h.get("reuse") else None,
+            same_code=not h.get("reimport", True),
         )
-        if self.device.type != "cuda":
-            # No allocator on the CPU: the resident-set growth is the closest figure.
+        if self.device.type != "cuda":  # no allocator: resident-set growth is the closest
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
         self.staged = mv
         reply = LoadReply(
@@ -230,6 +230,7 @@ class Worker:
             not_reused=mv.weights.not_reused if reuse is not None else None,
             read_files=mv.weights.read_files,
             init_digests=mv.init_digests,
+            adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 
@@ -387,6 +388,7 @@ class Worker:
         hashing thread: no worker thread waits for it, and no build thread wakes up)."""
         mv, rid = self.current, frame.header["id"]
         fut = mv.digest_future if mv is not None else None
+        held = mv.weights.adapters if mv is not None else None  # its base digest is in now
         if fut is None:
             self.send({"id": rid, "ok": True, "digest": mv.digest if mv else None})
             return
@@ -395,7 +397,8 @@ class Worker:
             if done.exception() is not None:
                 self.reply_error(rid, done.exception())
             else:
-                self.send({"id": rid, "ok": True, "digest": done.result()})
+                extra = {"adapters": held.wire()} if held is not None else {}
+                self.send({"id": rid, "ok": True, "digest": done.result(), **extra})
 
         fut.add_done_callback(answer)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from hotreload.protocol.framing import Frame
+from hotreload.worker.adapters import UnknownAdapter, choose
 from hotreload.worker.generate import (
     ModelCall,
     NotAGenerator,
@@ -72,6 +73,8 @@ def _choice(index: int, c: Any) -> dict[str, Any]:
 def run_text(mv: ModelVersion, spec: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     """One text request's reply fields (without id, version, digest)."""
     call, tok = _prepared(mv, spec.get("tokenizer"))
+    if req.get("adapter") is not None or mv.weights.adapters is not None:
+        choose(mv, {"adapter": req["adapter"]} if req.get("adapter") is not None else None)
     task = req.get("task")
     if task == "tokenize":
         ids = tok.encode(str(req["prompt"]), bool(req.get("add_special_tokens", False)))
@@ -113,7 +116,7 @@ def op_text(worker: ServingWorker, frame: Frame) -> None:
     t0 = time.perf_counter()
     try:
         fields = run_text(mv, worker.spec, h.get("text") or {})
-    except (NotAGenerator, TokenizerError, TextRequestError) as exc:
+    except (NotAGenerator, TokenizerError, TextRequestError, UnknownAdapter) as exc:
         # The request or the declaration is wrong, not the model: the client is told why.
         worker.failed += 1
         worker.send(error_header(h["id"], "bad_request", str(exc)))

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from hotreload.worker import adapter_pushes
+from hotreload.worker.adapters import AdapterSet, attach
 from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
@@ -48,6 +50,8 @@ class PlacedWeights:
     by_file: list[set[str]] = field(default_factory=list)
     #: Weights files read for this build (the rest, if any, shared).
     read_files: int = 0
+    #: The peft adapters over these weights (worker/adapters.py); None: none declared.
+    adapters: AdapterSet | None = None
 
 
 def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -60,7 +64,8 @@ def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Te
         return {}, "the serving version holds no weights to share"
     if getattr(current, "on_host", False):
         return {}, "the serving version is offloaded"
-    old = old_model.state_dict(keep_vars=True)
+    held = getattr(current.weights, "adapters", None)  # names from before peft renamed them
+    old = held.base_state if held is not None else old_model.state_dict(keep_vars=True)
     new = model.state_dict(keep_vars=True)
     if set(new) != set(old):
         return {}, "the module's parameter names changed"
@@ -193,13 +198,20 @@ def place_weights(
     step_done: Callable[[], None] = lambda: None,
     shared: bool = False,
     unchanged: Sequence[int] | None = None,
+    adapters: tuple[Sequence[Mapping[str, Any]], str | None] = ((), None),
 ) -> PlacedWeights:
     """Fill `model`'s weights: the base (shared from `current`, or mapped from another
-    worker's block `base`, else the files), then the `overlays` the base does not hold yet.
-    `unchanged` (with `current`): only these files (indices) are unchanged since `current`
-    read them; the others are read, the tensors of these shared. LoadError says what does
-    not fit."""
+    worker's block `base`, else the files), then the `overlays` the base does not hold yet,
+    then the peft `adapters` (declared folders, default) over them. `unchanged` (with
+    `current`): only these files (indices) are unchanged since `current` read them; the
+    others are read, the tensors of these shared. LoadError says what does not fit."""
     placed = PlacedWeights()
+    specs, default_adapter = adapters
+    if specs and not isinstance(model, torch.nn.Module):
+        raise LoadError(
+            f"adapters are declared but the factory returned {type(model).__name__}, not a "
+            "torch.nn.Module (peft injects its layers into a module)"
+        )
     if not isinstance(model, torch.nn.Module):
         load_weights(model, files, prefix, root=root, assign=True, device=device)
         if overlays:
@@ -210,6 +222,12 @@ def place_weights(
         return placed
     state: dict[str, torch.Tensor] = {}
     base_overlays: tuple[int, ...] = ()
+    pushed_adapters: list[Any] = []
+    if specs:
+        own = set(model.state_dict(keep_vars=True))
+        overlays, pushed_adapters = adapter_pushes.split(
+            overlays, own, specs, default_adapter, prefix, device
+        )
     read = list(range(len(files)))
     if current is not None and unchanged is not None:
         state, read, placed.not_reused = _unchanged_shards(model, current, files, unchanged)
@@ -259,4 +277,10 @@ def place_weights(
         retie(model, ties, set(state))
         placed.keys |= set(state)
     placed.overlay_ids = tuple(applied)
+    if specs:
+        placed.adapters = attach(
+            model, specs, default_adapter, current=current, pushes=pushed_adapters,
+            device=device, prefix=prefix,
+        )  # fmt: skip
+        placed.overlay_ids = tuple(sorted({*applied, *(i for i, _ in pushed_adapters)}))
     return placed

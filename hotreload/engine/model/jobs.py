@@ -45,6 +45,10 @@ class ReloadOutcome:
     started_at: float = field(default_factory=time.time)
     #: Nothing was built: code and weights were the serving version's (unchanged.py).
     unchanged: bool = False
+    #: The serving weights' digest after it, and its peft adapters' (default, base and
+    #: per-adapter digests; None: no adapters declared).
+    digest: str | None = None
+    adapters: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

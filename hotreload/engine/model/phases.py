@@ -186,6 +186,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         info.inputs, info.input_form = r.inputs, r.input_form
         info.digest, info.digest_pending = r.digest, r.digest_pending
         info.init_digests = r.init_digests
+        info.adapters = r.adapters
         if r.shared:
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:
@@ -362,10 +363,11 @@ async def release(worker: WorkerProcess, which: str, stop_s: float) -> dict[str,
     return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
 
 
-async def digest(worker: WorkerProcess, load_s: float) -> str | None:
-    """The serving version's weights digest, which its worker hashed while it served."""
+async def digest(worker: WorkerProcess, load_s: float) -> tuple[str | None, Any]:
+    """The serving version's weights digest, which its worker hashed while it served, and
+    its adapters' digests (None: no adapters), the base's among them now."""
     r = await worker.request(WorkerOp.DIGEST, None, deadline_s=load_s)
-    return r.get("digest")
+    return r.get("digest"), r.get("adapters")
 
 
 def paced(reply: Any) -> str:
@@ -379,7 +381,8 @@ async def wait_for_checkpoints(run: RunPhase, model: ModelConfig, events: EventB
     `deadlines.checkpoint_s`, instead of failing to load: a phase only when it has to wait,
     and a failed one, naming each file, when the wait runs out. A missing file is the
     load's to report, at once: nothing is writing it."""
-    files = [p for p in model.weights if p.exists()]
+    adapter_files = [a.weights_file for a in model.adapters]  # peft writes them in place
+    files = [p for p in (*model.weights, *adapter_files) if p.exists()]
     if not files or not await wait_until_complete(files, deadline_s=0):
         return  # complete (one look at each file's structure): no phase to show
     deadline = model.deadlines.checkpoint_s

@@ -59,6 +59,8 @@ class VersionInfo:
     block: WeightsBlock | None = None
     #: What its build said once (outputs left out of replies, pushes it could not read).
     notes: list[str] = field(default_factory=list)
+    #: Its peft adapters: default, base digest, each adapter's digest (LoadReply.adapters).
+    adapters: dict[str, Any] | None = None
 
 
 @dataclass
@@ -145,3 +147,5 @@ class ModelView:
     requests: dict[str, int]
     #: A generator's text figures (engine/text_stats.py: tokens/s, time to first token).
     text: dict[str, Any]
+    #: The serving version's peft adapters (VersionInfo.adapters; None: none declared).
+    adapters: dict[str, Any] | None = None

@@ -102,6 +102,7 @@ class ModelState:
             inflight=router.inflight,
             requests=router.counters.as_dict(),
             text=router.text_stats.summary(),
+            adapters=cur.adapters if cur else None,
         )
 
     # ------------------------------------------------------------------ which worker serves
@@ -196,6 +197,8 @@ class ModelState:
         self.record.last_error = outcome.error if not outcome.ok else None
         self.record.history.append(outcome)
         current = self.record.current
+        if current is not None:
+            outcome.digest, outcome.adapters = current.digest, current.adapters
         fields: dict[str, Any] = {
             "model": self.name,
             "version": outcome.version,
@@ -279,7 +282,8 @@ class ModelState:
         load_s = self.model.deadlines.load_s
 
         async def digest() -> dict[str, Any]:
-            current.digest = await phases.digest(worker, load_s)
+            current.digest, adapters = await phases.digest(worker, load_s)
+            current.adapters = adapters or current.adapters
             current.digest_pending = False
             return {"detail": f"weights {current.digest} (hashed while it served)"}
 

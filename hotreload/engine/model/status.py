@@ -70,6 +70,8 @@ def model_status(
         # The serving weights' content digest, and the pushes laid over the files' weights.
         "digest": current.digest if current else None,
         "pushes": len(current.overlays) if current else 0,
+        # peft adapters: the default, the base's digest and each adapter's (None: none).
+        "adapters": current.adapters if current else None,
         "inputs": router.input_signature,
         "input_form": router.input_form,
         **router.snapshot(),

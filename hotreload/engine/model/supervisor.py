@@ -189,7 +189,9 @@ class ModelSupervisor:
                 f"model {self.name!r}: pushed weights failed in {outcome.phase or 'the push'}: "
                 f"{outcome.error}; v{outcome.version} keeps serving its weights"
             )
-        return {"version": outcome.version, "digest": self.current.digest if self.current else None}
+        cur = self.current
+        digest, adapters = (cur.digest, cur.adapters) if cur else (None, None)
+        return {"version": outcome.version, "digest": digest, "adapters": adapters}
 
     async def wait_version(self, version: int, timeout_s: float) -> int:
         """The serving version once it is `version` or later (bounded by `timeout_s`)."""
