@@ -74,6 +74,10 @@ class LoadReply(Reply):
     shared: dict[str, Any] | None = None
     #: Why the serving version's tensors could not be shared, when sharing was asked.
     not_reused: str | None = None
+    #: The project files this version imported (its code folders' modules; never
+    #: site-packages or the standard library): the watcher reloads it when one changes.
+    #: A failed LOAD's error reply carries the same field, with what it tried to import.
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -94,6 +98,8 @@ class SmokeReply(Reply):
     #: Digest of the example's output (weights declared): the override check compares it.
     output_digest: str | None = None
     paused_s: float = 0.0
+    #: LoadReply.imports once warm-up and smoke ran `forward` (a module it imports lazily).
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -120,8 +126,9 @@ _TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "reimported": int,
         "reused": int,
         "mapped": int,
+        "imports": list,
     },
     "WarmReply": {"warm_s": (int, float), "passes_ms": list},
-    "SmokeReply": {"outputs": list, "notes": list},
+    "SmokeReply": {"outputs": list, "notes": list, "imports": list},
     "SyncReply": {"busy": list, "streams": list, "waited_s": (int, float)},
 }

@@ -25,7 +25,7 @@ from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, sen
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import loader, oom, replies, weights_digest
+from hotreload.worker import imported_files, loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -78,7 +78,9 @@ class Worker:
 
     def reply_error(self, rid: Any, exc: BaseException, code: str = "model_error") -> None:
         tb = None if isinstance(exc, LoadError) else user_traceback(exc)
-        self.send(error_header(rid, code, message_of(exc), traceback=tb, type=type(exc).__name__))
+        extra = imported_files.failure_fields(exc)  # a failed build: what it tried to import
+        kind = type(exc).__name__
+        self.send(error_header(rid, code, message_of(exc), traceback=tb, type=kind, **extra))
 
     def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
         if name == "serve":
@@ -179,7 +181,8 @@ class Worker:
             # Imports must no longer find the user's modules under the old paths.
             new_roots = set(self._code_roots())
             loader.forget_paths([r for r in old_roots if r not in new_roots])
-        compile_from_source(self._code_roots())
+        roots = self._code_roots()
+        compile_from_source(roots)
         dropped: list[str] = []
         if h.get("reimport", True):
             dropped = loader.drop_user_modules(old_roots + self._code_roots())
@@ -192,16 +195,17 @@ class Worker:
         # The files unchanged since the serving version read them (the manager compares):
         # share its tensors rather than read them again. Pushes since go on top.
         reuse = self.current if h.get("reuse") and self.current is not None else None
-        mv = loader.build_version(
-            self.spec,
-            version,
-            self.device,
-            pacer.step_done,
-            current=reuse,
-            base=h.get("base") if self.current is None else None,
-            overlays=h.get("overlays") or (),
-            digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
-        )
+        with imported_files.tracking(roots):  # a failure says what it tried to import
+            mv = loader.build_version(
+                self.spec,
+                version,
+                self.device,
+                pacer.step_done,
+                current=reuse,
+                base=h.get("base") if self.current is None else None,
+                overlays=h.get("overlays") or (),
+                digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
+            )
         if self.device.type != "cuda":
             # No allocator on the CPU: the resident-set growth is the closest figure.
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
@@ -219,6 +223,7 @@ class Worker:
             mapped=mv.weights.mapped,
             shared=mv.weights.shared.descriptor() if mv.weights.shared else None,
             not_reused=mv.weights.not_reused if reuse is not None else None,
+            imports=imported_files.imported_files(roots),
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 
@@ -271,7 +276,8 @@ class Worker:
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
         )
-        reply = SmokeReply(outputs=sig, notes=list(mv.notes))
+        imports = imported_files.imported_files(self._code_roots())  # forward's own too
+        reply = SmokeReply(outputs=sig, notes=list(mv.notes), imports=imports)
         if self.spec.get("weights"):
             # The manager compares it across versions: a code edit whose output stays the same
             # to the bit was overridden by the weights (engine/model/override_check.py).

@@ -185,6 +185,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         info.load_s, info.footprint_bytes = r.load_s, r.footprint_bytes
         info.inputs, info.input_form = r.inputs, r.input_form
         info.digest, info.digest_pending = r.digest, r.digest_pending
+        info.imports = tuple(r.imports)
         if r.shared:
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:
@@ -225,6 +226,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         )
         r = SmokeReply.from_wire(wire)
         info.outputs, info.output_digest = r.outputs, r.output_digest
+        info.imports = tuple(sorted({*info.imports, *r.imports}))
         info.notes.extend(r.notes)
         sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
         return {"detail": sig + paced(r)}

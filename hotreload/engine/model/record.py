@@ -59,6 +59,8 @@ class VersionInfo:
     block: WeightsBlock | None = None
     #: What its build said once (outputs left out of replies, pushes it could not read).
     notes: list[str] = field(default_factory=list)
+    #: The project files its code imported, as the worker found them (LoadReply.imports).
+    imports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -91,6 +93,9 @@ class ModelRecord:
     #: The weights files as the serving version found them (inode, size, times): unchanged
     #: files let a build share the serving version's tensors instead of reading them.
     weights_stat: tuple[Any, ...] | None = None
+    #: Project files that builds which failed since the serving version tried to import
+    #: (the watcher watches them too: saving the fix reloads). Cleared by a new version.
+    tried_imports: tuple[str, ...] = ()
     started_at: float = field(default_factory=time.time)
 
     @property
