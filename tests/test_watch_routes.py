@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from hotreload.config import ModelConfig, load_config
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
@@ -154,3 +156,65 @@ def test_a_failed_build_names_the_files_it_tried_through_every_wrapper() -> None
     except RuntimeError as wrapped:
         assert tried_imports(wrapped) == ("/p/m.py", "/p/bad.py")
     assert tried_imports(RuntimeError("no worker reply")) == ()
+
+
+def test_a_worker_restarted_on_the_snapshot_names_the_live_files(tmp_path: Path) -> None:
+    """After a restart the worker imported the last good snapshot's copies: they stand for
+    the live files, which are the ones saved."""
+    from types import SimpleNamespace
+
+    from hotreload.engine.model.record import VersionInfo
+    from hotreload.engine.used_files import files_used
+
+    config = project(tmp_path)
+    proj = config.parent.resolve()
+    a = load_config(config).models[0]
+    copy = tmp_path / "snap" / "v3" / "r0"
+    snapshot = SimpleNamespace(roots=((proj, copy),))
+    record = SimpleNamespace(
+        current=VersionInfo(version=3, imports=(str(copy / "helper.py"),)),
+        tried_imports=(str(proj / "broken.py"),),
+        good_snapshot=snapshot,
+    )
+    used = files_used(a, record)  # type: ignore[arg-type]
+    assert used is not None
+    assert {proj / "helper.py", proj / "broken.py", proj / "a.py"} <= used
+    assert proj / "config.json" in used  # beside its weights: the model's own config
+    assert not any(copy in p.parents for p in used)
+    record.current = None  # no version: no list, the folder rule
+    assert files_used(a, record) is None  # type: ignore[arg-type]
+
+
+def test_the_worker_names_project_modules_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a LOAD reply lists: modules imported from the code folders, and the file a failed
+    import tried to compile; never an installed package in the project (its .venv) nor the
+    standard library."""
+    import importlib
+    import sys
+
+    from hotreload.worker import imported_files
+    from hotreload.worker.fresh_source import compile_from_source
+
+    proj = tmp_path / "proj"
+    site = proj / "venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (proj / "uses_helper_x.py").write_text("import json\nimport installed_x\n")
+    (proj / "broken_x.py").write_text("B = (\n")
+    (site / "installed_x.py").write_text("I = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(proj))
+    for name in ("uses_helper_x", "installed_x", "broken_x"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    compile_from_source([proj])
+    with imported_files.tracking([proj]):
+        importlib.import_module("uses_helper_x")
+    assert imported_files.imported_files([proj]) == [str(proj / "uses_helper_x.py")]
+    with pytest.raises(SyntaxError) as info, imported_files.tracking([proj]):
+        importlib.import_module("broken_x")
+    tried = imported_files.failure_fields(info.value)["imports"]
+    assert str(proj / "broken_x.py") in tried and str(site / "installed_x.py") not in tried
+    for name in ("uses_helper_x", "installed_x"):
+        sys.modules.pop(name, None)
+    compile_from_source([])

@@ -26,13 +26,17 @@ _INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (sys.prefix, s
 
 #: Set on the exception of a failed build: the files it imported or tried to.
 _ATTR = "_hotreload_imported_files"
+#: The last scan of sys.modules: (its length, the prefixes, the project files found).
+_last: tuple[int, tuple[str, ...], frozenset[str]] = (-1, (), frozenset())
 
 
 @contextlib.contextmanager
 def tracking(roots: Sequence[Path]) -> Iterator[None]:
     """Around a build: what earlier builds compiled is not this one's, and an exception
     leaving it carries the files this one imported or tried to (`failure_fields`)."""
+    global _last
     compiled.clear()
+    _last = (-1, (), frozenset())  # the modules were dropped and imported again since
     try:
         yield
     except BaseException as exc:
@@ -55,8 +59,20 @@ def _project_file(path: str, prefixes: tuple[str, ...]) -> bool:
 
 def imported_files(roots: Sequence[Path]) -> list[str]:
     """The files under `roots` that the loaded modules (and the build's compiles) came from."""
+    global _last
     prefixes = folder_prefixes(roots)
     found = {p for p in list(compiled) if _project_file(p, prefixes)}
+    count, seen_prefixes, modules = _last
+    if count != len(sys.modules) or seen_prefixes != prefixes:
+        # ~1,200 modules once torch is in (a few ms): the smoke test's ask, after the
+        # load's, scans again only when something was imported in between.
+        modules = frozenset(_module_files(prefixes))
+        _last = (len(sys.modules), prefixes, modules)
+    return sorted(found | modules)
+
+
+def _module_files(prefixes: tuple[str, ...]) -> list[str]:
+    out = []
     for mod in list(sys.modules.values()):
         file = getattr(mod, "__file__", None)
         if not file:
@@ -64,5 +80,5 @@ def imported_files(roots: Sequence[Path]) -> list[str]:
         if not os.path.isabs(file):
             file = os.path.abspath(file)
         if _project_file(file, prefixes):
-            found.add(file)
-    return sorted(found)
+            out.append(file)
+    return out
