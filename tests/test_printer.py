@@ -242,6 +242,11 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
         {"kind": "watch_error", "error": "inotify watch limit reached"},
         "watcher: inotify watch limit reached",
     ),
+    (
+        {"kind": "file_unused", "path": "/p/client.py"},
+        "watcher: /p/client.py is not used by any model: nothing reloads (list it in a "
+        "model's `watch` if its build reads it)",
+    ),
     ({"kind": "watch_paused"}, "watcher paused: edits are not reloaded until it resumes"),
     (
         {"kind": "watch_waiting", "waiting": 1},

@@ -47,8 +47,8 @@ strategy = "inplace"                 # "inplace" (re-import in the same worker) 
                                      #   of time, so a reload only builds the model
 # recycle = 20                       # respawn: the retired worker (streams synced idle)
                                      #   becomes the next standby this many times; 0 = never
-# watch = ["."]                      # folders whose edits reload this model
-                                     #   (default: the entry file's folder)
+# watch = ["data"]                   # files build() reads: every edit there reloads
+                                     #   (code reloads by what the model imports)
 # ignore = ["data/**", "*.log"]      # globs never reloaded on
 # allow_output_change = false        # let a reload change the output shape or dtype
 # build_pace = 3.0                   # while requests flow, a reload's build pauses after

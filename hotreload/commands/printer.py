@@ -143,6 +143,10 @@ FORMATTERS: dict[str, Formatter] = {
     ),
     # The watcher
     "watch_error": lambda e: f"watcher: {e.get('error')}",
+    "file_unused": lambda e: (
+        f"watcher: {e.get('path')} is not used by any model: nothing reloads (list it in a "
+        "model's `watch` if its build reads it)"
+    ),
     "watch_paused": lambda e: "watcher paused: edits are not reloaded until it resumes",
     "watch_waiting": lambda e: (
         f"watcher paused: {_plural(e.get('waiting', 0))} waiting (applied on resume)"

@@ -18,6 +18,7 @@ from hotreload.engine.event_kinds import ConfigChanged, ReloadDone, StartFailed
 from hotreload.engine.events import typed
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
+from hotreload.engine.used_files import files_used
 from hotreload.engine.watcher import Change, FileWatcher
 from hotreload.errors import ConfigError
 
@@ -33,6 +34,7 @@ class WatchSession:
             self._on_change,
             self.session.events,
             rules_for=lambda m: self.session.ignore_rules(m.ignore),
+            uses=lambda m: files_used(m, self.session.models[m.name].record),
         )
         self.watcher.on_config_change = self._on_config_change
         #: "starting", "started" or "failed" (a model could not come up; the watcher runs

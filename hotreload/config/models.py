@@ -136,9 +136,14 @@ class ModelConfig:
     #: Environment variables set in the worker before torch is imported
     #: (`PYTORCH_CUDA_ALLOC_CONF`, ...): a table of `NAME = "value"`.
     env: Mapping[str, str] = field(default_factory=dict)
-    #: Folders (or files) whose edits reload this model, recursively. Default: the folder of
-    #: the entry file (every file under it), or the project root for a module entry.
+    #: Folders (or files) whose every edit reloads this model: list what the import graph
+    #: cannot see (data files `build()` reads). Modules under them are re-imported on a
+    #: reload. Left out: the entry file's folder (the project root for a module entry),
+    #: where only the code the model imports, its entry, example and weights reload it.
     watch: tuple[Path, ...] = ()
+    #: The `watch` paths the config lists itself (every edit under them reloads the model);
+    #: empty when `watch` is left to its default.
+    watch_listed: tuple[Path, ...] = ()
     #: Globs, relative to the watched folders, whose edits never reload this model.
     ignore: tuple[str, ...] = ()
     #: `"availability"` (load the next version beside the old one, then swap), `"resource"`
@@ -344,6 +349,7 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         if not p.exists():
             m.fail(f"{m.sub('watch')}[{i}]", f"path {p} does not exist")
         watch.append(p.resolve())
+    watch_listed = tuple(watch)
     if not watch:
         # Default: the folder of the entry file, or the project root for module entries.
         watch.append(entry.file.parent if entry.file else root.resolve())
@@ -390,6 +396,7 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         cpus=cpus,
         env=dict(env_raw),
         watch=tuple(watch),
+        watch_listed=watch_listed,
         ignore=m.str_list("ignore"),
         policy=m.choice("policy", "auto", POLICIES),
         strategy=m.choice("strategy", "inplace", STRATEGIES),

@@ -406,6 +406,13 @@ class ChangeDetected(BaseEvent):
     path: str
 
 
+@event("file_unused")
+class FileUnused(BaseEvent):
+    """A saved file that no model imports or declares (said once per file)."""
+
+    path: str
+
+
 @event("watch_paused")
 class WatchPaused(BaseEvent):
     pass

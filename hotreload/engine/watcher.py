@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from hotreload.config import Config, ModelConfig
 from hotreload.engine.event_kinds import (
     BaseEvent,
     ChangeDetected,
+    FileUnused,
     WatchError,
     Watching,
     WatchPaused,
@@ -36,22 +37,14 @@ from hotreload.engine.event_kinds import (
 from hotreload.engine.events import EventBus
 from hotreload.engine.file_stamp import FileStamp
 from hotreload.engine.ignore import IgnoreRules
+from hotreload.engine.used_files import declared_files, watch_roots
+from hotreload.engine.watch_routes import Change, Routes, UsesOf
 
 INOTIFY_ADVICE = (
     "raise the limit (sudo sysctl fs.inotify.max_user_watches=524288; add it to "
     "/etc/sysctl.conf to keep it), narrow the models' `watch` paths, or set "
     "`[watch] poll = true`; falling back to polling now"
 )
-
-
-@dataclass
-class Change:
-    """What one flush found for one model."""
-
-    model: str
-    paths: list[Path] = field(default_factory=list)
-    #: True when every changed file is one of the model's weights files.
-    weights_only: bool = True
 
 
 OnChange = Callable[[Change], Awaitable[Any]]
@@ -120,7 +113,10 @@ class FileWatcher:
         quiet_s: float | None = None,
         max_wait_s: float | None = None,
         poll: bool | None = None,
+        uses: UsesOf | None = None,
     ) -> None:
+        """`uses`: the files a model's serving version uses (used_files.files_used); None
+        (a watcher without a session) reloads a model on every file in its watch paths."""
         self.config = config
         self.on_change = on_change
         #: Called when the config file's content changed (it reloads no model by itself).
@@ -130,6 +126,9 @@ class FileWatcher:
         self.max_wait_s = config.watch.max_wait_ms / 1000 if max_wait_s is None else max_wait_s
         self.poll = config.watch.poll if poll is None else poll
         self.rules = {m.name: rules_for(m) for m in config.models}
+        self.routes = Routes(config, self.rules, uses)
+        #: model -> its reload this watcher asked for and that has not finished.
+        self._reloading: dict[str, asyncio.Future[Any]] = {}
         self.paused = False
         self._observer: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,8 +154,8 @@ class FileWatcher:
         """Folders to watch recursively: model watch paths, plus folders of outside weights."""
         folders: set[Path] = set()
         for m in self.config.models:
-            folders.update(p if p.is_dir() else p.parent for p in m.watch)
-            folders.update(w.parent for w in m.weight_files)
+            folders.update(p if p.is_dir() else p.parent for p in watch_roots(m))
+            folders.update(w.parent for w in declared_files(m))
         # A folder inside another watched one is covered already.
         return sorted(f for f in folders if not any(o != f and o in f.parents for o in folders))
 
@@ -167,37 +166,11 @@ class FileWatcher:
         return None if covered else folder
 
     def models_for(self, path: Path) -> list[tuple[ModelConfig, bool]]:
-        """(model, is_weights) for each model this path belongs to."""
-        hits = []
-        for m in self.config.models:
-            if path in m.weight_files:  # weights and adapter files: no re-import
-                hits.append((m, True))
-                continue
-            for root in m.watch:
-                if (path == root or root in path.parents) and not self.rules[m.name].ignored(
-                    path, root
-                ):
-                    hits.append((m, False))
-                    break
-        return hits
+        """(model, is_weights) for each model an edit of this path reloads (watch_routes.py)."""
+        return self.routes.models_for(path)
 
     def _tracked_files(self) -> Iterable[Path]:
-        yield self.config.path
-        for m in self.config.models:
-            yield from m.weight_files
-            for root in m.watch:
-                if root.is_file():
-                    yield root
-                    continue
-                for dirpath, dirnames, filenames in os.walk(root, onerror=self._walk_error):
-                    here = Path(dirpath)
-                    dirnames[:] = [
-                        d for d in dirnames if not self.rules[m.name].ignored(here / d / "x", root)
-                    ]
-                    for name in filenames:
-                        p = here / name
-                        if not self.rules[m.name].ignored(p, root):
-                            yield p
+        return self.routes.tracked_files(self._walk_error)
 
     def _walk_error(self, exc: OSError) -> None:
         self._emit_threadsafe(
@@ -330,7 +303,7 @@ class FileWatcher:
         path = Path(text)
         if path in self._watches and path not in self._gone and not path.is_dir():
             self._root_gone(path)
-        if path != self.config.path and not self.models_for(path):
+        if path != self.config.path and not self.routes.watched(path):
             return
         if self.paused:
             self._count_waiting(path)
@@ -415,7 +388,7 @@ class FileWatcher:
         async def count() -> None:
             def differs() -> dict[Path, bool]:
                 found = self._expand({path}) - {self.config.path}
-                return {p: self._compare(p)[0] for p in found}
+                return {p: self._compare(p)[0] for p in found if self.models_for(p)}
 
             found = await asyncio.to_thread(differs)
             before = len(self.waiting)
@@ -466,15 +439,33 @@ class FileWatcher:
         if self.config.path in changed and self.on_config_change is not None:
             # Settings are read at start: the config file never reloads a model itself.
             await self.on_config_change()
-        per_model: dict[str, Change] = {}
-        for p in changed:
-            if p == self.config.path:
-                continue
-            for model, is_weights in self.models_for(p):
-                change = per_model.setdefault(model.name, Change(model.name))
-                change.paths.append(p)
-                change.weights_only = change.weights_only and is_weights
-        await asyncio.gather(*(self.on_change(c) for c in per_model.values()))
+        per_model, unused = self.routes.split([p for p in changed if p != self.config.path])
+        # Reloads asked for before this flush may import a file this flush found unused.
+        earlier = {m: f for m, f in self._reloading.items() if m not in per_model}
+        await asyncio.gather(*(self._reload(c) for c in per_model.values()))
+        if unused:
+            await self._unused(unused, earlier)
+
+    async def _reload(self, change: Change) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self._reloading[change.model] = done
+        try:
+            await self.on_change(change)
+        finally:
+            done.set_result(None)
+            if self._reloading.get(change.model) is done:
+                del self._reloading[change.model]
+
+    async def _unused(self, paths: list[Path], earlier: dict[str, asyncio.Future[Any]]) -> None:
+        """Files no model used when they changed. Once the reloads running meanwhile are
+        done (this flush's read them as saved): one that a reload asked for before this
+        edit made used reloads its model again (it may have read the file before the
+        edit); the rest are said once each, as used by no model."""
+        await asyncio.gather(*earlier.values())
+        again, unused = self.routes.split(paths, only=set(earlier))
+        for p in self.routes.newly_unused(unused):
+            self.events.emit(FileUnused(path=str(p)))
+        await asyncio.gather(*(self._reload(c) for c in again.values()))
 
 
 def _wait_for_emitters(observer: Any, timeout_s: float) -> None:

@@ -59,6 +59,8 @@ class WorkerReplyError(HotreloadError):
         self.remote_traceback = error.get("traceback")
         #: The exception's class name in the worker (None for the manager's own errors).
         self.error_type: str | None = error.get("type")
+        #: A failed LOAD: the project files the build imported or tried to (replies.py).
+        self.imports: tuple[str, ...] = tuple(error.get("imports") or ())
         super().__init__(error.get("message", "worker error"))
 
 

@@ -81,6 +81,10 @@ class LoadReply(Reply):
     #: Its peft adapters (worker/adapters.py `AdapterSet.wire`): the default, the base's
     #: digest, each adapter's digest and where its tensors came from. None: none declared.
     adapters: dict[str, Any] | None = None
+    #: The project files this version imported (its code folders' modules; never
+    #: site-packages or the standard library): the watcher reloads it when one changes.
+    #: A failed LOAD's error reply carries the same field, with what it tried to import.
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +103,8 @@ class SmokeReply(Reply):
     #: Things said once about the version (outputs left out of replies).
     notes: list[str] = field(default_factory=list)
     paused_s: float = 0.0
+    #: LoadReply.imports once warm-up and smoke ran `forward` (a module it imports lazily).
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -126,8 +132,9 @@ _TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "reused": int,
         "mapped": int,
         "init_digests": dict,
+        "imports": list,
     },
     "WarmReply": {"warm_s": (int, float), "passes_ms": list},
-    "SmokeReply": {"outputs": list, "notes": list},
+    "SmokeReply": {"outputs": list, "notes": list, "imports": list},
     "SyncReply": {"busy": list, "streams": list, "waited_s": (int, float)},
 }

@@ -24,6 +24,7 @@ from textual.widgets import DataTable, Footer
 from hotreload.engine.event_kinds import (
     ConfigChanged,
     ConfigError,
+    FileUnused,
     GpuReset,
     PhaseEnd,
     PhaseStart,
@@ -291,6 +292,8 @@ class DashboardApp(App[int]):
                 self.notify(str(message), severity="information" if ok else "warning")
             case WatchError(error=error):
                 self.notify(f"watcher: {error}", severity="warning")
+            case FileUnused(path=path):  # once per file: why a save reloaded nothing
+                self.notify(f"{path} is not used by any model: nothing reloads", timeout=5)
             case WeightsOverride(model=m, message=message):
                 self.notify(f"{m}: {message}", severity="warning", timeout=15)
 

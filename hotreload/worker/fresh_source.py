@@ -37,11 +37,16 @@ def folder_prefixes(roots: Sequence[Path]) -> tuple[str, ...]:
     )
 
 
+#: Source files compiled since the build began (worker/imported_files.py tells the manager).
+compiled: set[str] = set()
+
+
 class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
     """Compiles from the source file on every import and writes no .pyc."""
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
+        compiled.add(path)  # even when it does not compile: the fix must reload the model
         return self.source_to_code(self.get_data(path), path)
 
 

@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hotreload.protocol.replies import SyncReply
 from hotreload.worker.loader import LoadError
 
 _INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<frozen importlib")
@@ -62,3 +63,13 @@ def answer_bad(send: Callable[[dict[str, Any]], None]) -> Callable[[Exception], 
         send(error_header(getattr(exc, "request_id", None), "bad_request", str(exc)))
 
     return answer
+
+
+def sync_version(device: Any, mv: Any, deadline_s: float) -> dict[str, Any]:
+    """The SYNC reply for version `mv` (None: every stream): its CUDA streams synced within
+    `deadline_s` (worker/sync.py), or skipped on the CPU."""
+    if device.type != "cuda":
+        return SyncReply(skipped=True, reason="CPU device: no CUDA streams").wire()
+    from hotreload.worker.sync import sync_streams  # cuda-python: only where CUDA is
+
+    return sync_streams(mv.version if mv else None, deadline_s)

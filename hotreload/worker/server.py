@@ -23,9 +23,9 @@ import torch
 
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.ops import WorkerOp
-from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
+from hotreload.protocol.replies import LoadReply, SmokeReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import adapters, loader, oom, replies, weights_digest
+from hotreload.worker import adapters, imported_files, loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -77,7 +77,9 @@ class Worker:
 
     def reply_error(self, rid: Any, exc: BaseException, code: str = "model_error") -> None:
         tb = None if isinstance(exc, LoadError) else user_traceback(exc)
-        self.send(error_header(rid, code, message_of(exc), traceback=tb, type=type(exc).__name__))
+        extra = imported_files.failure_fields(exc)  # a failed build: what it tried to import
+        kind = type(exc).__name__
+        self.send(error_header(rid, code, message_of(exc), traceback=tb, type=kind, **extra))
 
     def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
         if name == "serve":
@@ -186,7 +188,8 @@ class Worker:
             # Imports must no longer find the user's modules under the old paths.
             new_roots = set(self._code_roots())
             loader.forget_paths([r for r in old_roots if r not in new_roots])
-        compile_from_source(self._code_roots())
+        roots = self._code_roots()
+        compile_from_source(roots)
         dropped: list[str] = []
         if h.get("reimport", True):
             dropped = loader.drop_user_modules(old_roots + self._code_roots())
@@ -200,18 +203,19 @@ class Worker:
         # them (the manager compares): share its tensors, pushes since on top.
         shard_reuse = h.get("unchanged_files")
         reuse = self.current if (h.get("reuse") or shard_reuse) and self.current else None
-        mv = loader.build_version(
-            self.spec,
-            version,
-            self.device,
-            pacer.step_done,
-            current=reuse,
-            base=h.get("base") if self.current is None else None,
-            overlays=h.get("overlays") or (),
-            digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
-            unchanged=shard_reuse if shard_reuse is not None and not h.get("reuse") else None,
-            same_code=not h.get("reimport", True),
-        )
+        with imported_files.tracking(roots):  # a failure says what it tried to import
+            mv = loader.build_version(
+                self.spec,
+                version,
+                self.device,
+                pacer.step_done,
+                current=reuse,
+                base=h.get("base") if self.current is None else None,
+                overlays=h.get("overlays") or (),
+                digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
+                unchanged=shard_reuse if shard_reuse is not None and not h.get("reuse") else None,
+                same_code=not h.get("reimport", True),
+            )
         if self.device.type != "cuda":  # no allocator: resident-set growth is the closest
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
         self.staged = mv
@@ -231,6 +235,7 @@ class Worker:
             read_files=mv.weights.read_files,
             init_digests=mv.init_digests,
             adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
+            imports=imported_files.imported_files(roots),
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 
@@ -283,7 +288,8 @@ class Worker:
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
         )
-        reply = SmokeReply(outputs=sig, notes=list(mv.notes))
+        imports = imported_files.imported_files(self._code_roots())  # forward's own too
+        reply = SmokeReply(outputs=sig, notes=list(mv.notes), imports=imports)
         pacer.step_done()
         reply.paused_s = pacer.paused_s
         self.send({"id": h["id"], "ok": True, **reply.wire()})
@@ -297,9 +303,10 @@ class Worker:
         sync: dict[str, Any] | None = None
         if h.get("inband"):
             # In-band swap, on the serving thread: every request sent before it has finished
-            # (that is the drain), so only the old version's own and registered streams may
-            # still hold work. Poll them to the deadline before the new version serves.
-            sync = self._sync_version(self.current, float(h.get("sync_deadline_s", 5.0)))
+            # (the drain): only the old version's own and registered streams may still hold
+            # work. Polled to the deadline before the new version serves.
+            deadline_s = float(h.get("sync_deadline_s", 5.0))
+            sync = replies.sync_version(self.device, self.current, deadline_s)
             if not sync.get("skipped") and not sync.get("idle"):
                 busy = ", ".join(sync["busy"])
                 message = f"stream(s) still busy after the sync deadline: {busy}"
@@ -370,17 +377,10 @@ class Worker:
         self.state = "serving"
         self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
 
-    def _sync_version(self, mv: ModelVersion | None, deadline_s: float) -> dict[str, Any]:
-        if self.device.type != "cuda":
-            return SyncReply(skipped=True, reason="CPU device: no CUDA streams").wire()
-        from hotreload.worker.sync import sync_streams
-
-        return sync_streams(mv.version if mv else None, deadline_s)
-
     def op_sync(self, frame: Frame) -> None:
         h = frame.header
         mv = {"retired": self.retired, "current": self.current}.get(h.get("which", "current"))
-        outcome = self._sync_version(mv, float(h.get("deadline_s", 5.0)))
+        outcome = replies.sync_version(self.device, mv, float(h.get("deadline_s", 5.0)))
         self.send({"id": h["id"], "ok": True, **outcome})
 
     def op_digest(self, frame: Frame) -> None:

@@ -35,6 +35,8 @@ class Script:
         self.fail_next: dict[str, dict[str, Any]] = {}
         #: Workers (pids) whose forwards never answer (a kernel that never returns).
         self.hung: set[int] = set()
+        #: The project files each LOAD reports as imported (LoadReply.imports).
+        self.imports: list[str] = []
 
     def hold(self, op: str) -> None:
         """The next requests for `op` wait for `release`; `started` waits for the next one."""
@@ -64,7 +66,8 @@ class Script:
         # The replies the real worker builds (protocol/replies.py), as the wire carries them.
         if op == WorkerOp.LOAD:
             worker.staged = int(fields["version"])
-            return LoadReply(0.001, 0, INPUTS, "single", reimported=1).wire()
+            reply = LoadReply(0.001, 0, INPUTS, "single", reimported=1, imports=self.imports)
+            return reply.wire()
         if op == WorkerOp.WARM:
             return WarmReply(0.001, [1.0]).wire()
         if op == WorkerOp.SMOKE:

@@ -187,6 +187,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         info.digest, info.digest_pending = r.digest, r.digest_pending
         info.init_digests = r.init_digests
         info.adapters = r.adapters
+        info.imports = tuple(r.imports)
         if r.shared:
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:
@@ -229,6 +230,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         )
         r = SmokeReply.from_wire(wire)
         info.outputs = r.outputs
+        info.imports = tuple(sorted({*info.imports, *r.imports}))
         info.notes.extend(r.notes)
         sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
         return {"detail": sig + paced(r)}

@@ -61,6 +61,8 @@ class VersionInfo:
     notes: list[str] = field(default_factory=list)
     #: Its peft adapters: default, base digest, each adapter's digest (LoadReply.adapters).
     adapters: dict[str, Any] | None = None
+    #: The project files its code imported, as the worker found them (LoadReply.imports).
+    imports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,6 +95,9 @@ class ModelRecord:
     #: The weights files as the serving version found them (inode, size, times): unchanged
     #: files let a build share the serving version's tensors instead of reading them.
     weights_stat: tuple[Any, ...] | None = None
+    #: Project files that builds which failed since the serving version tried to import
+    #: (the watcher watches them too: saving the fix reloads). Cleared by a new version.
+    tried_imports: tuple[str, ...] = ()
     started_at: float = field(default_factory=time.time)
 
     @property

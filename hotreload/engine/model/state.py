@@ -64,6 +64,11 @@ class ModelState:
     def note_error(self, error: str | None) -> None:
         self.record.last_error = error
 
+    def note_tried(self, files: tuple[str, ...]) -> None:
+        """A build failed: the files it tried to import stay watched until a new version."""
+        if files:
+            self.record.tried_imports = tuple(sorted({*self.record.tried_imports, *files}))
+
     def runner(self, outcome: ReloadOutcome | None) -> RunPhase:
         """The phase runner of a job (phases.PhaseClock): the phase it runs is the
         model's `phase`; a reload's phases go into `outcome` and the event stream."""
@@ -123,6 +128,8 @@ class ModelState:
         previous, rec.serving = rec.serving, worker
         if rec.current is not None and rec.current.block not in (None, info.block):
             rec.current.block.close()  # the files changed: the old worker's mapping is its own
+        if rec.current is None or info.version != rec.current.version:
+            rec.tried_imports = ()  # a new version: its own imports say what it uses
         rec.current = info
         rec.last_version = max(rec.last_version, info.version)
         # The weights it serves: the files as it found them and the pushes it holds; pushes

@@ -57,6 +57,7 @@ from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.status import WorkerFigures, model_status
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
+from hotreload.engine.used_files import tried_imports
 from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.errors import ReloadFailedError, StaleBaseError, WorkerUnavailableError
 
@@ -451,6 +452,7 @@ class ModelSupervisor:
     async def _failed(self, exc: PhaseFailed, outcome: ReloadOutcome) -> None:
         outcome.phase, outcome.error = exc.phase, str(exc)
         outcome.traceback = exc.remote_traceback
+        self.st.note_tried(tried_imports(exc))  # watched too: saving the fix reloads
         if isinstance(exc, Wedged):
             outcome.error = await self.recovery.wedged(exc)
         elif not self.recovery.lost():

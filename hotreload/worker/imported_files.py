@@ -1,0 +1,84 @@
+"""Which of the project's files a build imported, told to the manager in the LOAD reply.
+
+The manager's watcher reloads a model when a file it imported changes, not on every save in
+its folder (issue 28). The worker is the one that knows: after a build, every module in
+`sys.modules` whose file lies in the model's code folders was imported by this version (the
+reload dropped the previous version's first). A build that fails is told too, with the
+files it tried to compile (`fresh_source.SourceOnlyLoader` notes each one before compiling
+it, so the file with the syntax error is among them): the manager keeps watching those, and
+saving the fix reloads the model. Files of installed packages (site-packages, a project's
+.venv) and the standard library are never reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hotreload.worker.fresh_source import compiled, folder_prefixes
+
+_INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (sys.prefix, sys.base_prefix)})
+
+
+#: Set on the exception of a failed build: the files it imported or tried to.
+_ATTR = "_hotreload_imported_files"
+#: The last scan of sys.modules: (its length, the prefixes, the project files found).
+_last: tuple[int, tuple[str, ...], frozenset[str]] = (-1, (), frozenset())
+
+
+@contextlib.contextmanager
+def tracking(roots: Sequence[Path]) -> Iterator[None]:
+    """Around a build: what earlier builds compiled is not this one's, and an exception
+    leaving it carries the files this one imported or tried to (`failure_fields`)."""
+    global _last
+    compiled.clear()
+    _last = (-1, (), frozenset())  # the modules were dropped and imported again since
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, _ATTR, imported_files(roots))
+        raise
+
+
+def failure_fields(exc: BaseException) -> dict[str, Any]:
+    """The error reply's `imports` field, for the exception of a failed build (else none)."""
+    files = getattr(exc, _ATTR, None)
+    return {} if files is None else {"imports": files}
+
+
+def _project_file(path: str, prefixes: tuple[str, ...]) -> bool:
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    return path.startswith(prefixes) and not path.startswith(_INSTALLED)
+
+
+def imported_files(roots: Sequence[Path]) -> list[str]:
+    """The files under `roots` that the loaded modules (and the build's compiles) came from."""
+    global _last
+    prefixes = folder_prefixes(roots)
+    found = {p for p in list(compiled) if _project_file(p, prefixes)}
+    count, seen_prefixes, modules = _last
+    if count != len(sys.modules) or seen_prefixes != prefixes:
+        # ~1,200 modules once torch is in (a few ms): the smoke test's ask, after the
+        # load's, scans again only when something was imported in between.
+        modules = frozenset(_module_files(prefixes))
+        _last = (len(sys.modules), prefixes, modules)
+    return sorted(found | modules)
+
+
+def _module_files(prefixes: tuple[str, ...]) -> list[str]:
+    out = []
+    for mod in list(sys.modules.values()):
+        file = getattr(mod, "__file__", None)
+        if not file:
+            continue  # built-in, frozen or a namespace package
+        if not os.path.isabs(file):
+            file = os.path.abspath(file)
+        if _project_file(file, prefixes):
+            out.append(file)
+    return out
