@@ -93,13 +93,11 @@ class ModelSupervisor:
         self.recovery.escalate = self._escalate
         #: Read-only for everyone but state.py.
         self.record: ModelRecord = self.st.record
-        #: Pushed weights build in the serving worker whatever the strategy.
-        self.inplace = InPlace(self.workers)
+        self.inplace = InPlace(self.workers)  # pushes build in the serving worker: always
         self.strategy: InPlace | Respawn = (
             Respawn(self.workers) if model.strategy == "respawn" else self.inplace
         )
-        #: Called after a wedged worker was killed, before its replacement starts (the
-        #: session's GPU reset, where `[gpu] reset` allows one).
+        #: After a wedged worker is killed, before its replacement: the session's GPU reset.
         self.escalate: Callable[[ModelSupervisor], Awaitable[None]] | None = None
         #: The tensors the weights-override warning named (once each per session).
         self.override_warned: set[str] = set()
