@@ -55,7 +55,7 @@ def test_the_cli_ends_an_escaped_error_in_its_message_and_code(
     from hotreload import cli
     from hotreload.commands import status as status_cmd
 
-    def status_main(config: str | None, *, as_json: bool = False) -> int:
+    def status_main(config: str | None, *, as_json: bool = False, model: str | None = None) -> int:
         raise HotreloadError("the state folder .hotreload is not yours")
 
     monkeypatch.setattr(status_cmd, "status_main", status_main)
