@@ -32,6 +32,7 @@ from hotreload.worker.adapters import (
     _stamp,
     adapter_digest,
     config_text,
+    lay_pushes,
     lora_layers,
 )
 from hotreload.worker.weight_sources import PlacedWeights
@@ -96,11 +97,7 @@ def copied(
     _, pushed = adapter_pushes.split(
         new, set(held.base_state), specs, spec.get("default_adapter"), prefix, device
     )
-    for _, groups in pushed:
-        for name, state in groups.items():
-            _load(clone, state, name, "the push")
-            if not served[name].source.endswith("+push"):
-                served[name].source += "+push"
+    lay_pushes(clone, pushed, served)
     layers = lora_layers(clone)
     for name, adapter in served.items():
         if adapter.source != "shared":

@@ -210,6 +210,24 @@ def _inject(model: torch.nn.Module, config: Any, name: str, folder: Path) -> Non
         ) from None
 
 
+def lay_pushes(
+    model: torch.nn.Module,
+    pushes: Sequence[tuple[int, Mapping[str, Mapping[str, torch.Tensor]]]],
+    served: Mapping[str, Any],
+    seen: set[int] | frozenset[int] = frozenset(),
+) -> None:
+    """Pushed adapter tensors (push id, adapter -> state) over `model`, each adapter marked
+    "+push"; a push in `seen` is skipped (the serving version's tensors hold it already, or
+    a newer file won)."""
+    for push_id, groups in pushes:
+        if push_id in seen:
+            continue
+        for name, state in groups.items():
+            _load(model, state, name, "the push")
+            if not served[name].source.endswith("+push"):
+                served[name].source += "+push"
+
+
 def _load(
     model: torch.nn.Module,
     state: Mapping[str, torch.Tensor],
@@ -291,13 +309,7 @@ def attach(
         )
     model.peft_config = configs  # every adapter's, for peft's functions below
     seen = set(getattr(getattr(current, "weights", None), "overlay_ids", ()))
-    for push_id, groups in pushes:
-        if push_id in seen:
-            continue  # the serving version's tensors hold it already, or a newer file won
-        for name, state in groups.items():
-            _load(model, state, name, "the push")
-            if not served[name].source.endswith("+push"):
-                served[name].source += "+push"
+    lay_pushes(model, pushes, served, seen)
     layers = lora_layers(model)
     for name, adapter in served.items():
         params = _adapter_params(layers, name)
