@@ -9,9 +9,10 @@ trainer's weights pushed from memory, against saving them to the weights file. O
    from: model calls going from 30 ms to 800 ms); (b) the same model served by
    `hotreload serve` (`threads = 1`, default `cpus = "auto"`: the serving worker pinned
    to a CPU of its own), a project in a temp folder; (c) the same with `cpus = "off"`;
-   (d) (b)'s server in rounds without pushes. Rounds of (a), (b), (c) and (d) alternate
-   (in a rotating order). Every `--push-every` steps the trainer's current weights go to
-   the eval model: (a) `load_state_dict`, (b) and (c) `Client.update_weights` from a
+   (d) (b)'s server in rounds without pushes; (e) (b) with `strategy = "respawn"`, where
+   a push builds in the standby process, not the serving one. Rounds of (a) to (e)
+   alternate (in a rotating order). Every `--push-every` steps the trainer's current
+   weights go to the eval model: (a) `load_state_dict`, (b), (c), (e) `Client.update_weights` from a
    thread of its own while the evals go on. Each eval asks for the latest pushed version
    (`min_version`); every answer must name that version or a later one, with that
    version's pushed digest; once a round, the first answer from the round's last push is
@@ -401,16 +402,18 @@ MODES = {
     "b": "(b) through hotreload, threads = 1",
     "c": '(c) the same, cpus = "off"',
     "d": "(d) (b)'s server, no pushes",
+    "e": '(e) (b) with strategy = "respawn"',
 }
+#: Each served mode's config lines beyond EVAL_CONFIG.
+SERVED = {"b": "", "c": 'cpus = "off"\n', "e": 'strategy = "respawn"\n'}
 
 
-def start_served(tmp: Path, label: str, cpus: str | None, state: dict[str, Any]) -> Served:
+def start_served(tmp: Path, label: str, extra: str, state: dict[str, Any]) -> Served:
     from hotreload import Client
 
     folder = tmp / f"eval-{label}"
     folder.mkdir()
     (folder / "model.py").write_text(EVAL_MODEL.format(**NET))
-    extra = f'cpus = "{cpus}"\n' if cpus else ""
     (folder / "hotreload.toml").write_text(EVAL_CONFIG + extra)
     save_weights(state, folder)
     server = serve(folder)
@@ -463,10 +466,10 @@ def part1(
     queued: dict[str, list[float]] = {m: [0.0, 0.0, 0.0] for m in modes}  # run_queue_s
     applied = 0  # (a): the trainer snapshot loaded into eval_net
     try:
-        for m, cpus in (("b", None), ("c", "off")):
+        for m, extra in SERVED.items():
             if m in modes:
                 progress(f"part 1: starting the server of ({m})")
-                served[m] = start_served(tmp, m, cpus, state0)
+                served[m] = start_served(tmp, m, extra, state0)
         progress("part 1: eval calls with no training")
         labels = (held_out @ trainer.teacher).argmax(1).numpy()
         idle = {m: idle_latency(served.get(m), eval_net, held_out, 100) for m in modes if m != "d"}
@@ -477,7 +480,7 @@ def part1(
         def one_round(mode: str, n: int, record: bool) -> None:
             nonlocal applied
             target = served.get("b" if mode == "d" else mode)  # None: in-process
-            push_to = target if mode in "bc" else None
+            push_to = target if mode in "bce" else None
             pusher.set_target(push_to)
             #: (min_version asked, version, digest) of each answer; the first per version.
             answers: list[tuple[int, int, str | None]] = []
@@ -632,6 +635,8 @@ def part1(
             line += f"; in-process {p['a'][2] / p['a'][0]:.2f}"
         if "c" in modes:
             line += f'; cpus = "off" {p["c"][2] / p["c"][0]:.2f}'
+        if "e" in modes:
+            line += f"; respawn {p['e'][2] / p['e'][0]:.2f}"
         print(
             "target p99/p50 through hotreload <= 2 while training runs: "
             f"{'met' if ratio <= 2 else 'missed'} ({line})"
@@ -984,9 +989,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="the trainer's batch")
     parser.add_argument(
         "--modes",
-        default="abcd",
+        default="abcde",
         help='part 1: a = in-process, b = hotreload, c = hotreload with cpus = "off", '
-        "d = b's server with no pushes",
+        'd = b\'s server with no pushes, e = b with strategy = "respawn"',
     )
     parser.add_argument("--sizes", type=int, nargs="+", choices=sorted(SHAPES))
     parser.add_argument("--reps", type=int, help="push and file repetitions a size (5)")
@@ -1011,7 +1016,7 @@ def main() -> int:
     started = time.perf_counter()
     try:
         if args.skip != "1":
-            modes = "".join(m for m in "abcd" if m in args.modes)
+            modes = "".join(m for m in "abcde" if m in args.modes)
             if "d" in modes and "b" not in modes:
                 parser.error("--modes: d runs on b's server; add b")
             part1(tmp, calls, round_calls, args.eval_every, args.push_every, modes, args.batch)

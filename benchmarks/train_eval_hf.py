@@ -1,17 +1,21 @@
 """The real Hugging Face `Trainer` path of benchmarks/train_eval.py (issue 26): a tiny Llama
 (built from a config, random weights) trained on random tokens, with an eval thread.
 
-Runs, one after another, on one `hotreload serve` of the same model (`threads = 1`,
-`cpus = "auto"`):
+Runs, one after another, on a `hotreload serve` of the same model (`threads = 1`,
+`cpus = "auto"`) per strategy:
 1. no pushes, the eval called in the trainer's process (a copy of the model, loaded with
    the trainer's weights every `--push-every` steps);
 2. `HotreloadPush(every_n_steps=--push-every)` (pushes not waited for), the eval through
    hotreload with `min_version` of the latest served push;
 3. no pushes, the eval through hotreload (the trainer's speed without pushes, same load).
-Prints steps/s of each, the eval's p50/p99 in-process and through hotreload, and the p99
-of calls overlapping a push (sent .. served) against calls between pushes.
+2 and 3 run for `strategy = "inplace"` (a push builds in the serving worker, under its
+interpreter lock) and `strategy = "respawn"` (a push builds in the standby process and is
+handed over to: issue 26 item 2), each on a server of its own. Prints steps/s of each, the
+eval's p50/p99 in-process and through hotreload, and the p99 of calls overlapping a push
+(sent .. served) against calls between pushes.
 
     .venv/bin/python benchmarks/train_eval_hf.py [--steps 200] [--push-every 20]
+        [--strategy inplace respawn]
 
 Not a test: figures depend on the machine and its load; compare ratios within one run.
 """
@@ -61,7 +65,7 @@ example = "llama.py:example_input"
 device = "cpu"
 threads = 1
 warmup_iters = 2
-strategy = "inplace"
+strategy = "{strategy}"
 """
 X = np.arange(16, dtype=np.int64).reshape(1, 16)
 
@@ -141,86 +145,106 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--push-every", type=int, default=20)
     ap.add_argument("--no-move", action="store_true", help="leave the trainer's CPUs alone")
+    ap.add_argument(
+        "--strategy", nargs="+", choices=("inplace", "respawn"), default=["inplace", "respawn"]
+    )
     run(ap.parse_args())
 
 
 def run(a: argparse.Namespace) -> None:
-    """Part 3 of train_eval.py: `a.steps`, `a.push_every`, `a.no_move`."""
-    folder = Path(tempfile.mkdtemp(prefix="hr-train-hf-"))
-    (folder / "llama.py").write_text(MODEL)
-    (folder / "hotreload.toml").write_text(CONFIG)
-    config = folder / "hotreload.toml"
-    server = Server([PY, "-m", "hotreload", "serve", "--config", str(config)], "serving ", folder)
-    try:
-        client = Client(config=config, timeout_s=120)
-        # The recipe (docs/training-push.md): every run here, in-process eval too, on the
-        # CPUs the serving worker does not hold. Without it the trainer's OpenMP threads
-        # spin on the serving CPU: measured 0.40 steps/s against 7.7 (2 busy cores).
-        move = keep_off_serving_cpus(client) if not a.no_move else "not moved (--no-move)"
-        here = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    """Part 3 of train_eval.py: `a.steps`, `a.push_every`, `a.no_move`, `a.strategy`."""
+    strategies = getattr(a, "strategy", None) or ["inplace", "respawn"]
+    here = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
 
-        def eval_here() -> None:
-            with torch.inference_mode():
-                here(input_ids=torch.from_numpy(X))
+    def eval_here() -> None:
+        with torch.inference_mode():
+            here(input_ids=torch.from_numpy(X))
 
-        latest = {"v": 0}
+    class Reload(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_end(
+            self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any
+        ) -> None:
+            if state.global_step % a.push_every == 0:
+                here.load_state_dict(copy.deepcopy(model.state_dict()))
 
-        def eval_served() -> None:
-            r = client.infer("llm", {"input_ids": X}, min_version=latest["v"] or None)
-            assert r.version >= latest["v"]
+    local: Evals | None = None
+    sps_local = 0.0
+    for strategy in strategies:
+        folder = Path(tempfile.mkdtemp(prefix="hr-train-hf-"))
+        (folder / "llama.py").write_text(MODEL)
+        (folder / "hotreload.toml").write_text(CONFIG.format(strategy=strategy))
+        config = folder / "hotreload.toml"
+        cmd = [PY, "-m", "hotreload", "serve", "--config", str(config)]
+        server = Server(cmd, "serving ", folder)
+        try:
+            client = Client(config=config, timeout_s=120)
+            # The recipe (docs/training-push.md): every run here, in-process eval too, on
+            # the CPUs the serving worker does not hold. Without it the trainer's OpenMP
+            # threads spin on the serving CPU: measured 0.40 steps/s against 7.7 (2 busy
+            # cores).
+            move = keep_off_serving_cpus(client) if not a.no_move else "not moved (--no-move)"
+            if local is None:
+                with Evals(eval_here) as local:
+                    _, sps_local = train(a.steps, [Reload()], folder / "o1")
+            _served_runs(a, client, strategy, move, local, sps_local)
+        finally:
+            server.stop()
 
-        class Reload(transformers.TrainerCallback):  # type: ignore[misc]
-            def on_step_end(
-                self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any
-            ) -> None:
-                if state.global_step % a.push_every == 0:
-                    here.load_state_dict(copy.deepcopy(model.state_dict()))
 
-        with Evals(eval_here) as local:
-            _, sps_local = train(a.steps, [Reload()], folder / "o1")
-        push = HotreloadPush(model="llm", every_n_steps=a.push_every, client=client)
-        windows = Windows(push)
+def _served_runs(
+    a: argparse.Namespace, client: Client, strategy: str, move: Any, local: Evals, sps_local: float
+) -> None:
+    latest = {"v": 0}
 
-        class Latest(transformers.TrainerCallback):  # type: ignore[misc]
-            def on_step_end(self, *args: Any, **kw: Any) -> None:
-                if push.served:
-                    latest["v"] = push.served[-1][1]
+    def eval_served() -> None:
+        r = client.infer("llm", {"input_ids": X}, min_version=latest["v"] or None)
+        assert r.version >= latest["v"]
 
-        with Evals(eval_served) as served:
-            _, sps_push = train(a.steps, [push, windows, Latest()], folder / "o2")
-        with Evals(eval_served) as quiet:
-            _, sps_none = train(a.steps, [], folder / "o3")
-        spans = windows.windows
-        over = [c for c in served.calls if any(s <= c[0] + c[1] and c[0] <= e for s, e in spans)]
-        between = [c for c in served.calls if c not in over]
-        print(f"Trainer (tiny Llama, {a.steps} steps, push every {a.push_every}): {move}")
+    push = HotreloadPush(model="llm", every_n_steps=a.push_every, client=client)
+    windows = Windows(push)
+
+    class Latest(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *args: Any, **kw: Any) -> None:
+            if push.served:
+                latest["v"] = push.served[-1][1]
+
+    out = Path(tempfile.mkdtemp(prefix="hr-train-hf-out-"))
+    with Evals(eval_served) as served:
+        _, sps_push = train(a.steps, [push, windows, Latest()], out / "o2")
+    with Evals(eval_served) as quiet:
+        _, sps_none = train(a.steps, [], out / "o3")
+    spans = windows.windows
+    over = [c for c in served.calls if any(s <= c[0] + c[1] and c[0] <= e for s, e in spans)]
+    between = [c for c in served.calls if c not in over]
+    print(
+        f"Trainer (tiny Llama, {a.steps} steps, push every {a.push_every}), strategy "
+        f"{strategy}: {move}"
+    )
+    print(
+        f"  steps/s  no pushes {sps_none:.2f}  pushes {sps_push:.2f}  "
+        f"ratio {sps_push / sps_none:.3f} (target >= 0.95)  in-process eval {sps_local:.2f}"
+    )
+    for name, calls in (
+        ("in-process", local.calls),
+        ("hotreload, pushes", served.calls),
+        ("hotreload, none", quiet.calls),
+    ):
         print(
-            f"  steps/s  no pushes {sps_none:.2f}  pushes {sps_push:.2f}  "
-            f"ratio {sps_push / sps_none:.3f} (target >= 0.95)  in-process eval {sps_local:.2f}"
+            f"  eval {name:18} n={len(calls):5} p50 {p(calls, 50):7.2f} ms  "
+            f"p99 {p(calls, 99):7.2f} ms  p99/p50 {p(calls, 99) / p(calls, 50):.2f}"
         )
-        for name, calls in (
-            ("in-process", local.calls),
-            ("hotreload, pushes", served.calls),
-            ("hotreload, none", quiet.calls),
-        ):
-            print(
-                f"  eval {name:18} n={len(calls):5} p50 {p(calls, 50):7.2f} ms  "
-                f"p99 {p(calls, 99):7.2f} ms  p99/p50 {p(calls, 99) / p(calls, 50):.2f}"
-            )
-        print(
-            f"  overlapping a push n={len(over)} p99 {p(over, 99):.2f} ms; between pushes "
-            f"n={len(between)} p99 {p(between, 99):.2f} ms; ratio "
-            f"{p(over, 99) / p(between, 99):.2f} (target <= 1.3, needs issue 26 items 2-3)"
-        )
-        held = push.handover_s
-        print(
-            f"  pushes served {len(push.served)}, failed {len(push.errors)}; the trainer held "
-            f"per push (pack + send): mean {1000 * np.mean(held):.2f} ms, max "
-            f"{1000 * max(held):.2f} ms = {100 * sum(held) * sps_push / a.steps:.2f}% of "
-            "its run"
-        )
-    finally:
-        server.stop()
+    print(
+        f"  overlapping a push n={len(over)} p99 {p(over, 99):.2f} ms; between pushes "
+        f"n={len(between)} p99 {p(between, 99):.2f} ms; ratio "
+        f"{p(over, 99) / p(between, 99):.2f} (target <= 1.3)"
+    )
+    held = push.handover_s
+    print(
+        f"  pushes served {len(push.served)}, failed {len(push.errors)}; the trainer held "
+        f"per push (pack + send): mean {1000 * np.mean(held):.2f} ms, max "
+        f"{1000 * max(held):.2f} ms = {100 * sum(held) * sps_push / a.steps:.2f}% of "
+        "its run"
+    )
 
 
 if __name__ == "__main__":

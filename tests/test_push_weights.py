@@ -186,3 +186,34 @@ def test_a_full_push_lets_go_of_the_pushes_it_replaces(served) -> None:  # type:
         return sum("memfd:hotreload-state" in os.readlink(fd) for fd in fds.iterdir())
 
     wait_until(lambda: memfds() == 2, 10, what="the replaced pushes' memory let go")
+
+
+def test_a_weights_file_saved_again_with_the_same_bytes_builds_nothing_unless_pushes_lie_over_it(
+    served,
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30, 13: a reload whose code and weights digest are the serving version's is a
+    no-op, whichever stamp the file has; but over pushed weights the same save goes back to
+    the file's weights (the pushes are dropped), so it builds."""
+    config, _, client = served
+    weights = config.parent / "weights.safetensors"
+    v1 = status_of(client)["digest"]
+    weights.write_bytes(weights.read_bytes())  # a new stamp, the same bytes
+    outcome = client.reload("mlp")["outcomes"][0]
+    assert outcome["ok"] and status_of(client)["version"] == 1, outcome
+    assert outcome["unchanged"], outcome
+    changed = trained(file_state(config), 4)
+    safetensors.torch.save_file(changed, str(weights))
+    client.reload("mlp")
+    assert status_of(client)["version"] == 2
+    weights.write_bytes(weights.read_bytes())  # v2's bytes again: hashed once v2 served
+    client.reload("mlp")
+    assert status_of(client)["version"] == 2
+    client.update_weights("mlp", trained(changed, 5))  # v3: a push over v2's file
+    weights.write_bytes(weights.read_bytes())
+    client.reload("mlp")
+    now = status_of(client)
+    assert now["version"] == 4 and now["pushes"] == 0, now
+    np.testing.assert_allclose(
+        client.infer("mlp", X).output, in_process(config, changed), rtol=1e-5, atol=1e-6
+    )
+    assert v1 != now["digest"]

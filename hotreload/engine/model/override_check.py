@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hotreload.config import ModelConfig
+from hotreload.engine.event_kinds import WeightsOverride
+from hotreload.engine.events import EventBus
 from hotreload.engine.model.jobs import ReloadJob
 from hotreload.engine.model.record import VersionInfo
 
@@ -49,3 +51,20 @@ def override_warning(
         f"v{old.version} did; change the weights file, or apply the value in forward()",
         frozenset(names),
     )
+
+
+class OverrideWarner:
+    """Gives the warning for each tensor once a session (a later true case of another tensor
+    is still said)."""
+
+    def __init__(self, model: ModelConfig, events: EventBus) -> None:
+        self.model, self.events = model, events
+        self.warned: set[str] = set()
+
+    def check(self, job: ReloadJob | None, old: VersionInfo | None, new: VersionInfo) -> None:
+        warning = job and override_warning(self.model, job, old, new)
+        if warning and not warning.names <= self.warned:
+            self.warned |= warning.names
+            self.events.emit(
+                WeightsOverride(model=self.model.name, version=new.version, message=warning.message)
+            )

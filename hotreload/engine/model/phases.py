@@ -424,9 +424,11 @@ def make_spec(
     push: Overlay | None = None,
     events: EventBus | None = None,
 ) -> BuildSpec:
-    """What the next build needs from a model's record. `mode`: "start", "restart", "cold"
-    or "reload"; `job`: the reload (jobs.ReloadJob) whose build takes the user's code from
-    the files again (None: a push runs the serving code again, a start the code it has)."""
+    """What the next build needs from a model's record. `mode`: "start", "restart", "cold",
+    "reload" or "push_elsewhere" (a push built in another worker: the serving version's code
+    from its snapshot, imported there); `job`: the reload (jobs.ReloadJob) whose build takes
+    the user's code from the files again (None: a push runs the serving code again, a start
+    the code it has)."""
     current = record.current
     job_code, weights_only = job is not None, bool(job is not None and job.weights_only)
     if mode == "start":
@@ -437,7 +439,7 @@ def make_spec(
         cold = mode == "cold"
         load_state = "loading" if cold or not router.gate_open else "reloading"
         warm_state = "warming" if cold else None
-    if mode == "restart":
+    if mode in ("restart", "push_elsewhere"):
         code = code_paths(model, root, record.good_snapshot)
     else:
         code = code_paths(model, root) if job_code else None
@@ -451,7 +453,7 @@ def make_spec(
         version=(record.version or 1) if mode == "restart" else record.next_version,
         model=model,
         code=code,
-        reimport=(not weights_only) if job_code else mode in ("start", "restart"),
+        reimport=(not weights_only) if job_code else mode in ("start", "restart", "push_elsewhere"),
         mode=mode,
         serving=record.serving,
         overlays=record.overlays,

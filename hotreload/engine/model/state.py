@@ -29,7 +29,7 @@ from hotreload.engine.event_kinds import (
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import phases, snapshot_keeper
+from hotreload.engine.model import phases, snapshot_keeper, unchanged
 from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome
 from hotreload.engine.model.phases import PhaseClock, RunPhase
 from hotreload.engine.model.record import ModelRecord, ModelView, VersionInfo
@@ -279,6 +279,9 @@ class ModelState:
         """`snapshot`'s version serves now: a restart comes back on it."""
         old, self.record.good_snapshot = self.record.good_snapshot, snapshot
         await snapshot_keeper.discard(snapshot_keeper.replaced(old, snapshot))
+        self.record.weights_sha = await asyncio.to_thread(
+            unchanged.weights_sha, self.model, self.record.weights_stat
+        )
 
     async def settle_digest(self, run: RunPhase) -> None:
         """After the swap: the serving version's digest, which its worker hashed in the

@@ -6,7 +6,8 @@ time by `JobLoop`. Each job is one method here, read top to bottom:
     _start    spawn -> [device lock] build -> serve              (the model's first worker)
     _reload   lock -> checkpoint wait -> snapshot -> [unchanged: stop] -> policy -> build
               -> swap -> retire -> digest -> promote -> history
-    _push     lock -> base check -> build in the serving worker -> in-band swap -> digest
+    _push     lock -> base check -> build (the standby under respawn, else the serving
+              worker) -> swap -> digest
     restart   recovery.py: kill -> [GPU reset] -> bring up the last good snapshot -> serve
     stop      the running job is cancelled, queued ones never run, workers stop
 
@@ -20,14 +21,13 @@ runs after a reload, never beside it. A failed build leaves the old version serv
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, ModelConfig
-from hotreload.engine.event_kinds import RecycleDisabled, ReloadRequested, WeightsOverride
+from hotreload.engine.event_kinds import RecycleDisabled, ReloadRequested
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
@@ -46,7 +46,7 @@ from hotreload.engine.model.jobs import (
     UnloadJob,
     Wedged,
 )
-from hotreload.engine.model.override_check import override_warning
+from hotreload.engine.model.override_check import OverrideWarner
 from hotreload.engine.model.phases import BuildSpec, RunPhase, make_spec
 from hotreload.engine.model.policy import choose_policy
 from hotreload.engine.model.record import ModelRecord, ModelView
@@ -93,14 +93,14 @@ class ModelSupervisor:
         self.recovery.escalate = self._escalate
         #: Read-only for everyone but state.py.
         self.record: ModelRecord = self.st.record
-        self.inplace = InPlace(self.workers)  # pushes build in the serving worker: always
+        self.inplace = InPlace(self.workers)  # pushes build in the serving worker, or
+        # in the standby under respawn (`_push_builder`)
         self.strategy: InPlace | Respawn = (
             Respawn(self.workers) if model.strategy == "respawn" else self.inplace
         )
         #: After a wedged worker is killed, before its replacement: the session's GPU reset.
         self.escalate: Callable[[ModelSupervisor], Awaitable[None]] | None = None
-        #: The tensors the weights-override warning named (once each per session).
-        self.override_warned: set[str] = set()
+        self.overrides = OverrideWarner(model, events)  # each tensor's warning said once
         self._pushes = 0
         self._figures = WorkerFigures()
         self.standby = StandbyKeeper(self.st, self.workers, config.root, self.strategy)
@@ -241,11 +241,7 @@ class ModelSupervisor:
                 await self.st.unload()
             job.settle()
         except asyncio.CancelledError:
-            if isinstance(job, (ReloadJob, PushJob)):
-                trigger = job.trigger if isinstance(job, ReloadJob) else "push"
-                job.settle(self.not_run(trigger, job.detail, STOPPED))
-            else:
-                job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
+            self._settle_stopped(job)
             raise
         except BaseException as exc:
             job.settle(error=exc)
@@ -369,10 +365,7 @@ class ModelSupervisor:
             await self._kept(await swaps.behind_gate(run, st, strategy, old, built))
         else:  # availability: built beside the old version, which serves on
             built = await self._build(strategy, run, job, outcome, "reload")
-            if built.worker is old:
-                await self._in_band(run, built)
-            else:
-                await self._kept(await swaps.hand_over(run, st, strategy, old, built, outcome))
+            await self._kept(await swaps.swap_in(run, st, strategy, old, built, outcome))
 
     async def _build(
         self,
@@ -397,11 +390,7 @@ class ModelSupervisor:
                 strategy.told = True
                 self.events.emit(RecycleDisabled(model=self.name, reason=strategy.recycle_off))
         outcome.detail.extend(built.detail)
-        warning = job and override_warning(self.model, job, self.current, built.info)
-        if warning and not warning.names <= self.override_warned:
-            self.override_warned |= warning.names
-            version, message = built.info.version, warning.message
-            self.events.emit(WeightsOverride(model=self.name, version=version, message=message))
+        self.overrides.check(job, self.current, built.info)
         return built
 
     # ------------------------------------------------------------------ push
@@ -430,8 +419,11 @@ class ModelSupervisor:
                     job.stale = pushes.stale_base(self.name, job.base_digest, self.current)
                     if job.stale:
                         raise PhaseFailed("load", job.stale)
-                    built = await self._build(self.inplace, run, None, outcome, "reload", job.push)
-                    await self._in_band(run, built)
+                    strategy, mode = self._push_builder(job, outcome)
+                    built = await self._build(strategy, run, None, outcome, mode, job.push)
+                    await self._kept(
+                        await swaps.swap_in(run, st, strategy, serving, built, outcome)
+                    )
                     outcome.ok = True
                 except PhaseFailed as exc:
                     await self._failed(exc, outcome)
@@ -456,11 +448,16 @@ class ModelSupervisor:
         elif not self.recovery.lost():
             self.st.serve_on()
 
-    async def _in_band(self, run: RunPhase, built: Built) -> None:
-        install = functools.partial(
-            self.st.install, built.worker, built.info, announce=False, open_gate=False
-        )
-        await phases.in_band(run, built.worker, self.model.deadlines, self.router, install)
+    def _push_builder(self, job: PushJob, outcome: ReloadOutcome) -> tuple[Any, str]:
+        """The standby under respawn, else the serving worker (pushes.why_in_serving_worker
+        says why in the history row)."""
+        why = pushes.why_in_serving_worker(self.strategy, self.model, self.record, job.push)
+        if why is None:
+            outcome.strategy = self.strategy.name
+            return self.strategy, "push_elsewhere"
+        if why:
+            outcome.detail.append(f"built in the serving worker: {why}")
+        return self.inplace, "reload"
 
     async def _kept(self, retired: Retired | None) -> None:
         """The old worker a swap retired, kept as the next standby when the strategy says."""
@@ -478,15 +475,18 @@ class ModelSupervisor:
         ones get "stopped"; then drain the requests in flight and stop every worker."""
         self.recovery.closed = True
         for job in await self.jobs.close():
-            if isinstance(job, (ReloadJob, PushJob)):
-                trigger = job.trigger if isinstance(job, ReloadJob) else "push"
-                job.settle(self.not_run(trigger, job.detail, STOPPED))
-            else:
-                job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
+            self._settle_stopped(job)
         await self.recovery.close()
         self.strategy.close()
         await self.standby.close()
         await self.st.drain_and_stop(drain_timeout_s)
+
+    def _settle_stopped(self, job: Job) -> None:
+        if isinstance(job, (ReloadJob, PushJob)):
+            trigger = job.trigger if isinstance(job, ReloadJob) else "push"
+            job.settle(self.not_run(trigger, job.detail, STOPPED))
+        else:
+            job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
 
     async def _escalate(self) -> None:
         if self.escalate is not None:

@@ -1,10 +1,10 @@
 """How traffic moves from the old version to the new one, once it is built: the swap and
-what surrounds it, each written once. The supervisor picks one (supervisor.py `_reload`):
+what surrounds it, each written once. The supervisor picks one (supervisor.py `_reload`, `_push`):
 
-    (in_band    a version built in the serving worker swaps behind the requests already
-                sent to it: phases.in_band)
-    hand_over   a version built in another worker: it takes new requests at once while
-                the old one finishes its own (swap, drain, sync, release)
+    swap_in     a version built in the serving worker swaps behind the requests already
+                sent to it (phases.in_band); one built in another worker is handed over:
+                it takes new requests at once while the old one finishes its own (swap,
+                drain, sync, release)
     quiesce     the resource policy's start: gate, drain, sync (then offload, build,
                 `behind_gate`, resume)
 
@@ -15,6 +15,7 @@ what became of the old worker (`Retired`) for the supervisor to act on.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -32,18 +33,25 @@ from hotreload.engine.worker_proc import WorkerProcess
 Strategy = InPlace | Respawn
 
 
-async def hand_over(
+async def swap_in(
     run: RunPhase,
     st: ModelState,
     strategy: Strategy,
     old: WorkerProcess,
     built: Built,
     outcome: ReloadOutcome,
-) -> Retired:
-    """Two processes, both versions resident: the new worker takes requests at once and the
-    old one finishes its own, then has its streams synced and is retired. Nothing rolls
-    back: a drain or sync that fails only means the old worker is killed (its requests are
-    retried on the new one)."""
+) -> Retired | None:
+    """Traffic to a version built beside the serving one. In band when the serving worker
+    built it (nothing retires). Else handed over: two processes, both versions resident,
+    the new worker takes requests at once and the old one finishes its own, then has its
+    streams synced and is retired. Nothing rolls back: a drain or sync that fails only
+    means the old worker is killed (its requests are retried on the new one)."""
+    if built.worker is old:
+        install = functools.partial(
+            st.install, built.worker, built.info, announce=False, open_gate=False
+        )
+        await phases.in_band(run, built.worker, st.model.deadlines, st.router, install)
+        return None
     new, router, d = built.worker, st.router, st.model.deadlines
 
     async def swap() -> dict[str, Any]:

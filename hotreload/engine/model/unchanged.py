@@ -13,8 +13,11 @@ What "the same" means, cheaply and never wrongly the same:
 - the snapshot taken for this reload holds the same files as the serving version's
   snapshot, each with the same stamp (file_stamp.py), or, for a copied (small) file whose
   stamp moved, the same bytes in both copies: a save without a change of a code file;
-- every weights file has the stamp the serving build found (its `weights_stat`): a
-  weights file is never hashed here, a rewrite of it always builds;
+- every weights file has the stamp the serving build found (its `weights_stat`), or, when
+  no push lies over them and the checkpoint is small (MAX_COMPARE_BYTES in all), the same
+  sha256 as the bytes that version read (hashed once it served, `weights_sha`): a save of
+  the same weights again. A bigger checkpoint saved again builds: hashing it would cost
+  what the load costs;
 - a watcher's reload that names a changed file neither snapshot holds builds: that file
   is something the comparison does not see.
 """
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import filecmp
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hotreload.config import ModelConfig
+from hotreload.engine.file_stamp import FileStamp
 from hotreload.engine.model.jobs import ReloadOutcome
 from hotreload.engine.model.pushes import files_signature
 from hotreload.engine.snapshots import Snapshot
@@ -56,6 +61,50 @@ def _same_files(serving: Snapshot, candidate: Snapshot) -> bool:
     return True
 
 
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def weights_sha(model: ModelConfig, stat: tuple[Any, ...] | None) -> tuple[str | None, ...] | None:
+    """The sha256 of each weights file whose stamp is still `stat`'s (the bytes the serving
+    version read); None for a file that moved, and for all of a checkpoint past the budget.
+    Run on a thread once a version serves."""
+    if not model.weights or stat is None or len(stat) != len(model.weights):
+        return None
+    if sum(s.size for s in stat if s is not None) > MAX_COMPARE_BYTES:
+        return None
+    out: list[str | None] = []
+    for path, seen in zip(model.weights, stat, strict=True):
+        try:
+            digest = _sha256(path) if seen is not None else None
+        except OSError:
+            digest = None
+        out.append(digest if digest and FileStamp.of(path) == seen else None)
+    return tuple(out)
+
+
+def _same_weights(model: ModelConfig, record: Any) -> bool:
+    """Every weights file holds the bytes the serving version read (by stamp, or by sha256
+    for a small checkpoint saved again), and no push lies over them."""
+    now, seen, shas = files_signature(model), record.weights_stat, record.weights_sha
+    if seen is None or now == seen:
+        return True
+    if record.overlays or shas is None or len(now) != len(seen):
+        return False  # a save over pushed weights goes back to the files: it builds
+    if sum(s.size for s in now if s is not None) > MAX_COMPARE_BYTES:
+        return False
+    for path, a, b, sha in zip(model.weights, now, seen, shas, strict=True):
+        if a == b:
+            continue
+        try:
+            if a is None or sha is None or _sha256(path) != sha:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _named_elsewhere(
     trigger: str, detail: Sequence[str], root: Path, snaps: Sequence[Snapshot]
 ) -> str | None:
@@ -79,7 +128,7 @@ async def check(
     serving = record.good_snapshot
     if serving is None or candidate is None or record.current is None:
         return  # nothing to compare with: build, as before
-    if record.weights_stat is not None and files_signature(model) != record.weights_stat:
+    if not await asyncio.to_thread(_same_weights, model, record):
         return
     if _named_elsewhere(outcome.trigger, outcome.detail, root, (serving, candidate)):
         return

@@ -1,0 +1,97 @@
+"""Under strategy `respawn`, a push builds in the standby, not in the serving worker.
+
+Issue 26 item 2: no push may run its read, digest or build in the serving process. A real
+`hotreload serve` of the example MLP with `strategy = "respawn"`: each push is built,
+digested, warmed and smoke-tested in the standby over the serving worker's weights block
+(no file read), then handed over to; the old worker becomes the next standby. The answers
+are compared with the model called in-process on the same weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hotreload import Client
+from hotreload.errors import ReloadFailedError
+from tests.support import make_project, read_events, wait_until
+from tests.test_push_weights import X, file_state, in_process, status_of, trained
+
+
+@pytest.fixture
+def respawned(tmp_path: Path, serve):  # type: ignore[no-untyped-def]
+    config = make_project(tmp_path)
+    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
+    server = serve(config)
+    with Client(config=config, timeout_s=60) as client:
+        wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the standby")
+        yield config, server, client
+
+
+def push_rows(config: Path) -> list[dict[str, Any]]:
+    return [
+        e for e in read_events(config) if e.get("kind") == "reload_done" and e["trigger"] == "push"
+    ]
+
+
+def test_a_push_builds_in_the_standby_and_the_old_worker_becomes_the_next(respawned) -> None:  # type: ignore[no-untyped-def]
+    config, _, client = respawned
+    before = status_of(client)
+    serving, standby = before["pid"], before["standby"]["pid"]
+    state = trained(file_state(config), 1)
+    reply = client.update_weights("mlp", state)
+    result = client.infer("mlp", X, min_version=reply["version"])
+    assert result.version == reply["version"] == 2 and result.digest == reply["digest"]
+    np.testing.assert_allclose(result.output, in_process(config, state), rtol=1e-5, atol=1e-6)
+    after = status_of(client)
+    assert after["pid"] == standby, "the standby built the push and serves it"
+    wait_until(
+        lambda: (status_of(client)["standby"] or {}).get("pid") == serving,
+        60,
+        what="the old serving worker kept as the next standby",
+    )
+    (row,) = push_rows(config)
+    assert row["strategy"] == "respawn" and "swap" in row["phases"], row
+
+
+def test_pushes_in_the_standby_lay_over_each_other_in_order(respawned) -> None:  # type: ignore[no-untyped-def]
+    """A subset push goes over the full push before it, in a worker that never read either:
+    the standby maps the block and both pushes again."""
+    config, _, client = respawned
+    v1 = status_of(client)["digest"]
+    first = trained(file_state(config), 5)
+    client.update_weights("mlp", first)
+    wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the next standby")
+    head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
+    reply = client.update_weights("mlp", head, strict=False)
+    result = client.infer("mlp", X, min_version=reply["version"])
+    assert result.digest == reply["digest"]
+    expected = in_process(config, {**first, **head})
+    np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
+    # The file's own weights pushed back give the first version's digest: content, not path.
+    again = client.update_weights("mlp", file_state(config))
+    assert again["digest"] == v1
+    assert all(r["strategy"] == "respawn" for r in push_rows(config))
+
+
+def test_a_push_that_fails_in_the_standby_leaves_the_old_weights_serving(respawned) -> None:  # type: ignore[no-untyped-def]
+    config, _, client = respawned
+    good = trained(file_state(config), 2)
+    client.update_weights("mlp", good)
+    before = client.infer("mlp", X)
+    bad = {**good, "out.bias": torch.full_like(good["out.bias"], float("nan"))}
+    with pytest.raises(ReloadFailedError, match="non-finite") as failed:
+        client.update_weights("mlp", bad)
+    assert "v2 keeps serving" in str(failed.value)
+    after = client.infer("mlp", X)
+    assert after.version == 2 and after.digest == before.digest
+    np.testing.assert_array_equal(after.output, before.output)  # never a mix
+    # And the next good push still builds off the serving worker.
+    wait_until(lambda: status_of(client)["standby"] is not None, 60, what="a standby again")
+    serving = status_of(client)["pid"]
+    reply = client.update_weights("mlp", trained(good, 3))
+    assert reply["version"] == 3 and status_of(client)["pid"] != serving
