@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import tempfile
 import threading
@@ -169,7 +170,11 @@ def run(a: argparse.Namespace) -> None:
 
     local: Evals | None = None
     sps_local = 0.0
+    everywhere = os.sched_getaffinity(0)
     for strategy in strategies:
+        # The last run moved this process (keep_off_serving_cpus); a server started from it
+        # would inherit that and find no CPU to pin its worker to.
+        os.sched_setaffinity(0, everywhere)
         folder = Path(tempfile.mkdtemp(prefix="hr-train-hf-"))
         (folder / "llama.py").write_text(MODEL)
         (folder / "hotreload.toml").write_text(CONFIG.format(strategy=strategy))

@@ -95,3 +95,34 @@ def test_a_push_that_fails_in_the_standby_leaves_the_old_weights_serving(respawn
     serving = status_of(client)["pid"]
     reply = client.update_weights("mlp", trained(good, 3))
     assert reply["version"] == 3 and status_of(client)["pid"] != serving
+
+
+def test_a_model_without_weights_files_builds_pushes_in_the_standby_once_one_holds_every_tensor(
+    tmp_path: Path, serve
+) -> None:  # type: ignore[no-untyped-def]
+    """A trainer's model built from its config (no weights file): the standby has no block
+    to map, so a push builds there only over a push of every tensor (strict); a subset
+    before that builds in the serving worker and says why."""
+    config = make_project(tmp_path)
+    text = config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"')
+    config.write_text("\n".join(ln for ln in text.splitlines() if not ln.startswith("weights")))
+    serve(config)
+    with Client(config=config, timeout_s=60) as client:
+        wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the standby")
+        state = trained(file_state(config), 7)
+        head = {k: v * 0.5 for k, v in state.items() if k.startswith("out.")}
+        client.update_weights("mlp", head, strict=False)  # over build()'s own values
+        (row,) = push_rows(config)
+        assert row["strategy"] == "inplace", row
+        standby = status_of(client)["standby"]["pid"]
+        reply = client.update_weights("mlp", state)
+        assert status_of(client)["pid"] == standby, "built in the standby"
+        result = client.infer("mlp", X, min_version=reply["version"])
+        assert result.digest == reply["digest"]
+        np.testing.assert_allclose(result.output, in_process(config, state), rtol=1e-5, atol=1e-6)
+        wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the next standby")
+        reply = client.update_weights("mlp", head, strict=False)
+        result = client.infer("mlp", X, min_version=reply["version"])
+        expected = in_process(config, {**state, **head})
+        np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
+        assert [r["strategy"] for r in push_rows(config)] == ["inplace", "respawn", "respawn"]

@@ -287,9 +287,12 @@ def build_version(
         quick = adapter_copy.copied(spec, current, overlays, device) if same_code else None
         if quick is not None:
             model = quick[0]  # the serving module's structure, its tensors shared
-        # Only with files: they hold every weight whatever happens (a version whose tensors
-        # cannot be shared, a push of a subset); without, build() sets the weights itself.
-        elif files and not spec["entry"].get("torchscript"):
+        # Only with files, or a push of every tensor (strict): they hold every weight
+        # whatever happens (a version whose tensors cannot be shared, a push of a subset);
+        # without, build() sets the weights itself.
+        elif (files or any(o.get("strict") for o in overlays)) and not spec["entry"].get(
+            "torchscript"
+        ):
             # Every parameter comes from the files: no random initialization to overwrite.
             model = build_without_init(factory, build_notes.append, set_by_build)
         else:

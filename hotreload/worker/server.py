@@ -203,7 +203,7 @@ class Worker:
         # them (the manager compares): share its tensors, pushes since on top.
         shard_reuse = h.get("unchanged_files")
         reuse = self.current if (h.get("reuse") or shard_reuse) and self.current else None
-        with imported_files.tracking(roots):  # a failure says what it tried to import
+        with imported_files.tracking(roots, reimported=bool(dropped)):  # and what it tried
             mv = loader.build_version(
                 self.spec,
                 version,

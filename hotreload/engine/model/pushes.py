@@ -208,18 +208,22 @@ def why_in_serving_worker(
     strategy: Any, model: ModelConfig, record: Any, push: Overlay
 ) -> str | None:
     """Where a push builds: None, in the standby (strategy respawn), off the serving process
-    and its CPUs (its read, digest and warm-up included), over the serving version's weights
-    block, then handed over to; else why it builds in the serving worker ("" when the
-    strategy keeps no standby). The standby needs the block (CPU weights the manager holds),
-    every push still held readable again (memfd, not CUDA IPC), and the weights files as
-    the serving version read them (a delta push goes over exactly those weights)."""
+    and its CPUs (its read, digest and warm-up included), then handed over to; else why it
+    builds in the serving worker ("" when the strategy keeps no standby). The standby lays
+    the pushes again over the serving version's weights block (CPU weights read from the
+    files, which the manager holds) or, for a model with no weights files, over nothing: a
+    push of every tensor (strict) among them holds all its weights. Every push still held
+    must be readable again (memfd, not CUDA IPC), and the weights files as the serving
+    version read them (a delta push goes over exactly those weights)."""
     if not getattr(strategy, "wants_standby", False):
         return ""
-    if record.current is None or record.current.block is None:
-        return "its weights are not in a block another worker can map (a GPU model)"
-    if record.weights_stat is None or files_signature(model) != record.weights_stat:
-        return "the weights files changed since the serving version read them"
     needed = superseded_dropped([*record.overlays, push])
     if not all(o.replayable for o in needed if o is not push):
         return "an earlier push it still holds came over CUDA IPC, which only it could read"
+    if record.weights_stat is None or files_signature(model) != record.weights_stat:
+        return "the weights files changed since the serving version read them"
+    if record.current is None or (model.weights and record.current.block is None):
+        return "its weights are in no block another worker can map (a GPU model)"
+    if not model.weights and not any(o.strict for o in needed):
+        return "it has no weights files and no push of every tensor (strict) to start from"
     return None
