@@ -121,6 +121,8 @@ class WorkerProcess:
         #: > 0 for a standby: the worker's start-up imports run at this niceness.
         self.boot_nice = boot_nice
         self.generation = generation
+        #: Installed modules a standby imports at start, at `boot_nice` (standby.py).
+        self.preimport: tuple[str, ...] = ()
         #: Times this process was kept, after serving, as the standby for the next reload.
         self.recycled = 0
         self.proc: asyncio.subprocess.Process | None = None
@@ -159,6 +161,7 @@ class WorkerProcess:
         env = dict(os.environ)
         spec = worker_spec(self.model, self.config, self.code)
         spec["boot_nice"] = self.boot_nice
+        spec["preimport"] = list(self.preimport)
         spec["build_cpus"] = sorted(self.build_cpus) if self.build_cpus else None
         env[SPEC_ENV] = json.dumps(spec)
         env[FD_ENV] = str(child.fileno())

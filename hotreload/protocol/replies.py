@@ -85,6 +85,9 @@ class LoadReply(Reply):
     #: site-packages or the standard library): the watcher reloads it when one changes.
     #: A failed LOAD's error reply carries the same field, with what it tried to import.
     imports: list[str] = field(default_factory=list)
+    #: Installed modules (site-packages: transformers, peft, ...) imported since the worker
+    #: started, in import order: a fresh standby imports them ahead of its first build.
+    libraries: list[str] = field(default_factory=list)
 
 
 @dataclass

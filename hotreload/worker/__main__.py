@@ -24,17 +24,19 @@ def main() -> int:
         os.environ.setdefault("MKL_NUM_THREADS", str(threads["intra_op"]))
     boot_nice = int(spec.get("boot_nice") or 0)
     if boot_nice:
-        _import_at_low_priority(boot_nice)
+        _import_at_low_priority(boot_nice, spec.get("preimport") or [])
     from hotreload.worker.server import run_worker  # imports torch
 
     return run_worker(spec, fd)
 
 
-def _import_at_low_priority(nice: int) -> None:
-    """A standby worker, started ahead of the next reload: its heavy imports (torch) run in a
-    thread of their own at `nice`, taking only spare CPU from the worker that serves. Only
-    that thread is niced (Linux priorities are per thread): the threads that will serve
-    keep normal priority, which an unprivileged process could not get back."""
+def _import_at_low_priority(nice: int, libraries: list[str]) -> None:
+    """A standby worker, started ahead of the next reload: its heavy imports (torch, and the
+    `libraries` the serving version's build imported, such as transformers) run in a thread
+    of their own at `nice`, taking only spare CPU from the worker that serves. Only that
+    thread is niced (Linux priorities are per thread): the threads that will serve keep
+    normal priority, which an unprivileged process could not get back. No user module is
+    imported here: the build imports the code it is given, fresh."""
     import threading
 
     # Libraries that start thread pools when imported (numpy's OpenBLAS) are imported here
@@ -56,7 +58,14 @@ def _import_at_low_priority(nice: int) -> None:
         try:
             import hotreload.worker.server  # noqa: F401
         except BaseException:
-            pass  # the main thread's own import reports it
+            return  # the main thread's own import reports it
+        import importlib
+
+        for name in libraries:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # the build imports what it needs, and says why
+                pass
 
     t = threading.Thread(target=boot, name="hotreload-boot")
     t.start()

@@ -75,6 +75,31 @@ def imported_files(roots: Sequence[Path]) -> list[str]:
     return sorted(found | modules)
 
 
+#: What the worker had imported when this module was (torch, numpy, hotreload's own).
+_AT_START = frozenset(sys.modules)
+#: `libraries` stays small enough for the spec of the standby's environment.
+MAX_LIBRARY_CHARS = 48_000
+
+
+def libraries() -> list[str]:
+    """Installed modules imported since the worker started, in import order (sys.modules
+    keeps it), for a fresh standby to import ahead of time (engine/model/standby.py): a
+    Hugging Face model's first build in a new process spent seconds importing transformers."""
+    out: list[str] = []
+    size = 0
+    for name, mod in list(sys.modules.items()):
+        if name in _AT_START or name.startswith("__"):
+            continue
+        file = getattr(mod, "__file__", None) or ""
+        if "site-packages" not in file and "dist-packages" not in file:
+            continue
+        size += len(name) + 3
+        if size > MAX_LIBRARY_CHARS:
+            break
+        out.append(name)
+    return out
+
+
 def _module_files(prefixes: tuple[str, ...]) -> list[str]:
     out = []
     for mod in list(sys.modules.values()):

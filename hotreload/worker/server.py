@@ -182,8 +182,7 @@ class Worker:
         version = int(h["version"])
         old_roots = self._code_roots()
         if h.get("code"):
-            # The manager points the worker at other code paths: the last good snapshot after
-            # a restart, or back at the live files for the next edit.
+            # Other code paths: the last good snapshot (a restart), or the live files again.
             self.spec.update(h["code"])
             # Imports must no longer find the user's modules under the old paths.
             new_roots = set(self._code_roots())
@@ -236,6 +235,7 @@ class Worker:
             init_digests=mv.init_digests,
             adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
             imports=imported_files.imported_files(roots),
+            libraries=imported_files.libraries(),
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 

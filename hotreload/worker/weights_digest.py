@@ -25,6 +25,13 @@ Tied tensors (one storage under two names, as `state_dict()` shows a tied embedd
 head) are recorded under both names, so hash the model's `state_dict()` after loading,
 not the file's dict: a file stores one name of a tied group, the model has them all.
 Their shared bytes are hashed once.
+
+Leaves are remembered per tensor (`_Remembered`): a version that shares most tensors with
+the one before it (a LoRA push over a frozen base, one shard saved again, an adapter save)
+hashes only its new tensors, so its digest costs what changed, not what the model weighs.
+A tensor is the same when it is a view of the same live storage (held by a weak
+reference: storage freed and its address reused is not mistaken for it) at the same
+offset, shape, strides and dtype, and its in-place version counter has not moved.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ import json
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -103,11 +112,79 @@ def _leaves(pool: ThreadPoolExecutor, t: torch.Tensor) -> list[Future[bytes]]:
     return futures
 
 
+class _Remembered:
+    """Leaves of tensors hashed before, while their storage lives (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: id(storage) -> (weak reference to it, {view key: leaves}).
+        self._by_storage: dict[
+            int, tuple[weakref.ref[Any], dict[tuple[Any, ...], list[bytes]]]
+        ] = {}
+        #: Bytes hashed (not remembered) since the worker started: tests and benchmarks read it.
+        self.hashed_bytes = 0
+
+    @staticmethod
+    def _view(t: torch.Tensor) -> tuple[Any, ...] | None:
+        """What makes `t` the same tensor again; None: not to be remembered (an inference
+        tensor keeps no version counter, so a write to it could not be told)."""
+        if t.is_sparse or t.device.type == "meta" or t.is_inference():
+            return None
+        return (t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
+
+    def get(self, t: torch.Tensor) -> list[bytes] | None:
+        view = self._view(t)
+        if view is None:
+            return None
+        storage = t.untyped_storage()
+        with self._lock:
+            held = self._by_storage.get(id(storage))
+            if held is None or held[0]() is not storage:
+                return None
+            return held[1].get(view)
+
+    def put(self, t: torch.Tensor, leaves: list[bytes]) -> None:
+        view = self._view(t)
+        if view is None:
+            return
+        storage = t.untyped_storage()
+        key = id(storage)
+
+        def gone(_: Any, key: int = key) -> None:
+            with self._lock:
+                held = self._by_storage.get(key)
+                if held is not None and held[0]() is None:
+                    del self._by_storage[key]
+
+        with self._lock:
+            held = self._by_storage.get(key)
+            if held is None or held[0]() is not storage:
+                try:
+                    held = (weakref.ref(storage, gone), {})
+                except TypeError:
+                    return  # a storage kind that takes no weak reference: not remembered
+                self._by_storage[key] = held
+            held[1][view] = leaves
+
+
+REMEMBERED = _Remembered()
+
+
+def _done(leaves: list[bytes]) -> list[Future[bytes]]:
+    out: list[Future[bytes]] = []
+    for leaf in leaves:
+        f: Future[bytes] = Future()
+        f.set_result(leaf)
+        out.append(f)
+    return out
+
+
 def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = None) -> str:
     """The content digest of `state` (name -> tensor, on any device); see the module doc."""
     names = sorted(state)
     # Tensors over the same bytes (tied weights) share their leaves: hashed once.
     shared: dict[tuple[str, int, int, str], list[Future[bytes]]] = {}
+    fresh: list[tuple[torch.Tensor, list[Future[bytes]]]] = []
     with ThreadPoolExecutor(threads or _threads(), thread_name_prefix="digest") as pool:
         leaves: list[list[Future[bytes]]] = []
         for name in names:
@@ -115,7 +192,13 @@ def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = Non
             key = (str(t.device), t.data_ptr(), t.nbytes, str(t.dtype))
             same = shared.get(key) if t.is_contiguous() and t.nbytes else None
             if same is None:
-                same = _leaves(pool, t)
+                known = REMEMBERED.get(t)
+                if known is not None:
+                    same = _done(known)
+                else:
+                    same = _leaves(pool, t)
+                    fresh.append((t, same))
+                    REMEMBERED.hashed_bytes += t.nbytes
                 if t.is_contiguous() and t.nbytes:
                     shared[key] = same
             leaves.append(same)
@@ -124,6 +207,8 @@ def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = Non
             top.update(_record_head(name, state[name]))
             for f in futures:
                 top.update(f.result())
+    for t, futures in fresh:
+        REMEMBERED.put(t, [f.result() for f in futures])
     return "sha256:" + top.hexdigest()[:32]
 
 

@@ -187,7 +187,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         info.digest, info.digest_pending = r.digest, r.digest_pending
         info.init_digests = r.init_digests
         info.adapters = r.adapters
-        info.imports = tuple(r.imports)
+        info.imports, info.libraries = tuple(r.imports), tuple(r.libraries)
         if r.shared:
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:

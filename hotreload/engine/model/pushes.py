@@ -217,6 +217,9 @@ def why_in_serving_worker(
     version read them (a delta push goes over exactly those weights)."""
     if not getattr(strategy, "wants_standby", False):
         return ""
+    if record.standby is None or not record.standby.alive:
+        # A fresh process would start and import for seconds: the push would wait for it.
+        return "no standby worker is ready yet (one starts between jobs)"
     needed = superseded_dropped([*record.overlays, push])
     if not all(o.replayable for o in needed if o is not push):
         return "an earlier push it still holds came over CUDA IPC, which only it could read"

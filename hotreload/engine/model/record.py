@@ -63,6 +63,8 @@ class VersionInfo:
     adapters: dict[str, Any] | None = None
     #: The project files its code imported, as the worker found them (LoadReply.imports).
     imports: tuple[str, ...] = ()
+    #: Installed modules its build imported (a fresh standby imports them ahead of time).
+    libraries: tuple[str, ...] = ()
 
 
 @dataclass

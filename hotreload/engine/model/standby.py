@@ -44,7 +44,12 @@ class StandbyKeeper:
 
     async def _start(self) -> None:
         try:
-            worker = await self.workers.spawn(code_paths(self.st.model, self.root), standby=True)
+            current = self.st.record.current
+            worker = await self.workers.spawn(
+                code_paths(self.st.model, self.root),
+                standby=True,
+                preimport=current.libraries if current is not None else (),
+            )
         except Exception as exc:
             # Not fatal: the next reload spawns a worker as if there were no standby.
             self.st.events.emit(StandbyFailed(model=self.st.name, error=str(exc)))

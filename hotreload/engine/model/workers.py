@@ -89,12 +89,16 @@ class WorkerFactory:
         *,
         standby: bool = False,
         phase: str = "spawn",
+        preimport: tuple[str, ...] = (),
     ) -> WorkerProcess:
         """A started worker; PhaseFailed(`phase`) when it cannot start. Nothing is left
         behind on failure or cancellation. A `standby` starts at low priority and stays out
-        of the death handling until a reload takes it (`adopt`)."""
+        of the death handling until a reload takes it (`adopt`); it imports `preimport`
+        (the serving version's libraries) at that priority too, ahead of its first build."""
         self.generation += 1
         worker = self._make(self.generation, code, standby=standby)
+        if standby and preimport:
+            worker.preimport = tuple(preimport)
         # A standby imports at idle priority on cores busy serving: give it time.
         deadline = self.model.deadlines.start_s * (STANDBY_START_FACTOR if standby else 1)
         try:
