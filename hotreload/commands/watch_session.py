@@ -7,7 +7,7 @@ this module imports neither, so the three import one way: watch -> these.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,11 @@ class WatchSession:
             return
         # --http and --metrics-port came from the command line, not the file.
         if replace(new, http=self.config.http) != self.config:
+            what = changed_settings(self.config, replace(new, http=self.config.http))
             self.session.events.emit(
                 ConfigChanged(
-                    detail=f"{self.config.path.name} changed: settings are read at start, restart "
-                    "`hotreload watch` to apply them"
+                    detail=f"{self.config.path.name} changed ({what}): settings are read at "
+                    "start, restart `hotreload watch` to apply them"
                 )
             )
 
@@ -152,3 +153,26 @@ def _rel(path: Path, root: Path) -> str:
         return str(path.relative_to(root))
     except ValueError:
         return str(path)
+
+
+def changed_settings(old: Config, new: Config) -> str:
+    """What an edit of the config changed, said briefly: `mlp: weights, threads; model
+    added: gpt2; watch`. The running session keeps its settings, so the user is told which
+    ones wait for a restart."""
+    parts: list[str] = []
+    before = {m.name: m for m in old.models}
+    after = {m.name: m for m in new.models}
+    for name, m in after.items():
+        if name not in before:
+            parts.append(f"model added: {name}")
+            continue
+        keys = [f.name for f in fields(m) if getattr(m, f.name) != getattr(before[name], f.name)]
+        if keys:
+            parts.append(f"{name}: {', '.join(keys)}")
+    parts += [f"model removed: {name}" for name in before if name not in after]
+    parts += [
+        f.name
+        for f in fields(new)
+        if f.name != "models" and getattr(new, f.name) != getattr(old, f.name)
+    ]
+    return "; ".join(parts) or "no setting"
