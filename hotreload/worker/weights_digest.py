@@ -31,7 +31,10 @@ the one before it (a LoRA push over a frozen base, one shard saved again, an ada
 hashes only its new tensors, so its digest costs what changed, not what the model weighs.
 A tensor is the same when it is a view of the same live storage (held by a weak
 reference: storage freed and its address reused is not mistaken for it) at the same
-offset, shape, strides and dtype, and its in-place version counter has not moved.
+offset, shape, strides and dtype, and its in-place version counter has not moved. Not
+seen: a write that moves no counter (through `.data`, or through another tensor object
+over the same memory). A model that writes its weights while serving is not supported
+anyway: its digest would not say what answers.
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ class _Remembered:
         self._by_storage: dict[
             int, tuple[weakref.ref[Any], dict[tuple[Any, ...], list[bytes]]]
         ] = {}
+        #: Keys whose storage was freed (list.append: safe from a weakref callback).
+        self._dead: list[int] = []
         #: Bytes hashed (not remembered) since the worker started: tests and benchmarks read it.
         self.hashed_bytes = 0
 
@@ -151,12 +156,16 @@ class _Remembered:
         key = id(storage)
 
         def gone(_: Any, key: int = key) -> None:
-            with self._lock:
-                held = self._by_storage.get(key)
-                if held is not None and held[0]() is None:
-                    del self._by_storage[key]
+            # No lock here: the collector may free a storage (and call this) on a thread
+            # that holds the lock already. Dropped at the next `put`.
+            self._dead.append(key)
 
         with self._lock:
+            while self._dead:
+                k = self._dead.pop()
+                dead = self._by_storage.get(k)
+                if dead is not None and dead[0]() is None:
+                    del self._by_storage[k]
             held = self._by_storage.get(key)
             if held is None or held[0]() is not storage:
                 try:
