@@ -19,7 +19,10 @@ trainer's weights pushed from memory, against saving them to the weights file. O
    compared with the model run here on the pushed weights (and its digest with the
    pushed state's own). Also: each path with no training, the trainer's speed, the CPU
    other processes on the machine took, and how long the serving worker's threads waited
-   for a CPU. Target: p99/p50 of (b) <= 2.
+   for a CPU. Target: p99/p50 of (b) <= 2. The evals are paced by the trainer's steps, and
+   the trainer slows while a push builds, so an eval due during a push mostly starts after
+   it: the "during a push" rows stay small. Part 3's eval thread runs free and measures
+   calls overlapping a push.
 2. Push -> first answer from the pushed weights, for states of about 10 MiB, 100 MiB and
    1 GiB of float32, against the file route: `safetensors.save_file` of the same state to
    a temp file renamed over the weights file, then `Client.reload` (a `serve` session, no
