@@ -219,3 +219,36 @@ def test_save_pretrained_checkpoints_serve_as_from_pretrained_loads_them(
     assert client.reload("mixtral")["outcomes"][0]["ok"]
     assert "2 of 6 weights file(s) read" in last_load(config, "mixtral")
     check("mixtral", type(loaded["mixtral"]).from_pretrained(proj / "mixtral").eval(), 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # two workers importing transformers on two busy cores
+def test_under_respawn_a_code_edit_maps_the_converted_checkpoint_in_the_standby(
+    tmp_path: Path, serve
+) -> None:
+    """strategy respawn: the next version is built in another process, which maps the
+    serving worker's weights block (the tensors as converted, the fused Mixtral experts
+    included) instead of reading and converting the files again."""
+    config, loaded = saved_project(tmp_path)
+    proj = config.parent
+    # Mixtral alone (its conversion fuses experts across shards): one worker and a standby.
+    config.write_text(MODEL.format(name="mixtral", weights=INDEX) + 'strategy = "respawn"\n')
+    serve(config, wait_ready=False).wait_ready(timeout=300)
+    client = Client(config=config, timeout_s=120)
+    ids = np.random.default_rng(1).integers(0, 96, (2, 8)).astype(np.int64)
+    reference = loaded["mixtral"]
+    with torch.inference_mode():
+        expected = reference(input_ids=torch.from_numpy(ids)).logits.numpy()
+    before = client.status()["models"]
+    pid = next(m["pid"] for m in before if m["name"] == "mixtral")
+    code = proj / "mixtral.py"
+    code.write_text(code.read_text() + "\n# an edit\n")
+    assert client.reload("mixtral")["outcomes"][0]["ok"]
+    detail = last_load(config, "mixtral")
+    assert "21 weight tensor(s) mapped from the serving worker's memory" in detail, detail
+    now = next(m for m in client.status()["models"] if m["name"] == "mixtral")
+    assert now["pid"] != pid and now["version"] == 2
+    reply = client.infer("mixtral", {"input_ids": ids})
+    assert reply.digest == state_digest(reference.state_dict())  # from_pretrained's, bit for bit
+    got = reply.output["logits"] if isinstance(reply.output, dict) else reply.output
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
