@@ -134,13 +134,18 @@ def first_answer(client: Any, version: int, adapter: str = "b") -> float:
     return time.perf_counter()
 
 
-def last_reload(project: Path, version: int) -> dict[str, float]:
-    """The phases of the reload that made `version` (from the session's events)."""
-    phases: dict[str, float] = {}
-    for e in read_events(project):
-        if e.get("kind") == "reload_done" and e.get("version") == version:
-            phases = dict(e.get("phases") or {})
-    return phases
+def last_reload(project: Path, version: int, timeout_s: float = 30.0) -> dict[str, float]:
+    """The phases of the reload that made `version` (from the session's events). Its
+    `reload_done` may come a moment after its first answer (a full reload's digest is
+    settled after the swap), so wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for e in read_events(project):
+            if e.get("kind") == "reload_done" and e.get("version") == version:
+                return dict(e.get("phases") or {})
+        if time.monotonic() > deadline:
+            return {}
+        time.sleep(0.02)
 
 
 def main() -> None:
@@ -148,6 +153,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=576)
+    ap.add_argument(
+        "--settle", type=float, default=1.0,
+        help="seconds idle before each change: the last one's background work (the old "
+        "version's memory given back, its digest) is not timed as the next one's",
+    )  # fmt: skip
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from hotreload import Client
@@ -170,6 +180,7 @@ def main() -> None:
                     ("adapter save", rewrite_adapter),
                     ("full reload", rewrite_base),
                 ):
+                    time.sleep(args.settle)
                     t0 = time.perf_counter()
                     change(root, step)
                     version += 1
@@ -180,6 +191,7 @@ def main() -> None:
 
                 path = root / "adapters" / "b" / "adapter_model.safetensors"
                 state = {k: v * 0.9 for k, v in load_file(str(path)).items()}
+                time.sleep(args.settle)
                 t0 = time.perf_counter()
                 client.update_weights("lm", state, strict=False)
                 version += 1
