@@ -87,6 +87,7 @@ class LoadReply(Reply):
     imports: list[str] = field(default_factory=list)
     #: Installed modules (site-packages: transformers, peft, ...) imported since the worker
     #: started, in import order: a fresh standby imports them ahead of its first build.
+    #: Empty for a build that imported nothing (a push): the serving version's stand.
     libraries: list[str] = field(default_factory=list)
 
 

@@ -235,7 +235,7 @@ class Worker:
             init_digests=mv.init_digests,
             adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
             imports=imported_files.imported_files(roots),
-            libraries=imported_files.libraries(),
+            libraries=imported_files.libraries() if h.get("reimport", True) else [],
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 

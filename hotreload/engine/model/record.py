@@ -97,9 +97,10 @@ class ModelRecord:
     #: The weights files as the serving version found them (inode, size, times): unchanged
     #: files let a build share the serving version's tensors instead of reading them.
     weights_stat: tuple[Any, ...] | None = None
-    #: sha256 of each weights file as the serving version read them (None: not hashed, a
-    #: checkpoint past unchanged.MAX_COMPARE_BYTES), for telling a save of the same bytes.
-    weights_sha: tuple[str | None, ...] | None = None
+    #: (stamp, sha256) of each weights file as the serving version read them (None: not
+    #: hashed, a checkpoint past unchanged.MAX_COMPARE_BYTES), to tell a save of the same
+    #: bytes (unchanged.py).
+    weights_sha: tuple[tuple[Any, str | None], ...] | None = None
     #: Project files that builds which failed since the serving version tried to import
     #: (the watcher watches them too: saving the fix reloads). Cleared by a new version.
     tried_imports: tuple[str, ...] = ()

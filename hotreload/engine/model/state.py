@@ -130,6 +130,8 @@ class ModelState:
             rec.current.block.close()  # the files changed: the old worker's mapping is its own
         if rec.current is None or info.version != rec.current.version:
             rec.tried_imports = ()  # a new version: its own imports say what it uses
+        if not info.libraries and rec.current is not None:
+            info.libraries = rec.current.libraries  # a push imports nothing: they stand
         rec.current = info
         rec.last_version = max(rec.last_version, info.version)
         # The weights it serves: the files as it found them and the pushes it holds; pushes
@@ -280,7 +282,7 @@ class ModelState:
         old, self.record.good_snapshot = self.record.good_snapshot, snapshot
         await snapshot_keeper.discard(snapshot_keeper.replaced(old, snapshot))
         self.record.weights_sha = await asyncio.to_thread(
-            unchanged.weights_sha, self.model, self.record.weights_stat
+            unchanged.weights_sha, self.model, self.record.weights_stat, self.record.weights_sha
         )
 
     async def settle_digest(self, run: RunPhase) -> None:

@@ -66,21 +66,32 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def weights_sha(model: ModelConfig, stat: tuple[Any, ...] | None) -> tuple[str | None, ...] | None:
+#: (stamp, sha256) of each weights file, as `weights_sha` found them.
+WeightsSha = tuple[tuple[Any, str | None], ...]
+
+
+def weights_sha(
+    model: ModelConfig, stat: tuple[Any, ...] | None, known: WeightsSha | None
+) -> WeightsSha | None:
     """The sha256 of each weights file whose stamp is still `stat`'s (the bytes the serving
     version read); None for a file that moved, and for all of a checkpoint past the budget.
-    Run on a thread once a version serves."""
+    A file whose stamp `known` (the last version's) hashed already is not read again: a
+    code edit hashes nothing. Run on a thread once a version serves."""
     if not model.weights or stat is None or len(stat) != len(model.weights):
         return None
     if sum(s.size for s in stat if s is not None) > MAX_COMPARE_BYTES:
         return None
-    out: list[str | None] = []
+    before = {stamp: sha for stamp, sha in known or () if stamp is not None and sha}
+    out: list[tuple[Any, str | None]] = []
     for path, seen in zip(model.weights, stat, strict=True):
-        try:
-            digest = _sha256(path) if seen is not None else None
-        except OSError:
-            digest = None
-        out.append(digest if digest and FileStamp.of(path) == seen else None)
+        digest = before.get(seen) if seen is not None else None
+        if digest is None and seen is not None:
+            try:
+                digest = _sha256(path)
+            except OSError:
+                digest = None
+            digest = digest if FileStamp.of(path) == seen else None
+        out.append((seen, digest))
     return tuple(out)
 
 
@@ -94,7 +105,7 @@ def _same_weights(model: ModelConfig, record: Any) -> bool:
         return False  # a save over pushed weights goes back to the files: it builds
     if sum(s.size for s in now if s is not None) > MAX_COMPARE_BYTES:
         return False
-    for path, a, b, sha in zip(model.weights, now, seen, shas, strict=True):
+    for path, a, b, (_, sha) in zip(model.weights, now, seen, shas, strict=True):
         if a == b:
             continue
         try:
