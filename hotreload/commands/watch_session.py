@@ -7,14 +7,14 @@ this module imports neither, so the three import one way: watch -> these.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from hotreload.commands.config_edit import apply_edit
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
 from hotreload.engine import event_kinds
-from hotreload.engine.event_kinds import ConfigChanged, ReloadDone, StartFailed
+from hotreload.engine.event_kinds import ReloadDone, StartFailed
 from hotreload.engine.events import typed
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
@@ -63,15 +63,7 @@ class WatchSession:
                 event_kinds.ConfigError(error=f"{exc}; the running session keeps its settings")
             )
             return
-        # --http and --metrics-port came from the command line, not the file.
-        if replace(new, http=self.config.http) != self.config:
-            what = changed_settings(self.config, replace(new, http=self.config.http))
-            self.session.events.emit(
-                ConfigChanged(
-                    detail=f"{self.config.path.name} changed ({what}): settings are read at "
-                    "start, restart `hotreload watch` to apply them"
-                )
-            )
+        await apply_edit(self, new)
 
     async def _on_change(self, change: Change) -> None:
         root = self.config.root
@@ -153,26 +145,3 @@ def _rel(path: Path, root: Path) -> str:
         return str(path.relative_to(root))
     except ValueError:
         return str(path)
-
-
-def changed_settings(old: Config, new: Config) -> str:
-    """What an edit of the config changed, said briefly: `mlp: weights, threads; model
-    added: gpt2; watch`. The running session keeps its settings, so the user is told which
-    ones wait for a restart."""
-    parts: list[str] = []
-    before = {m.name: m for m in old.models}
-    after = {m.name: m for m in new.models}
-    for name, m in after.items():
-        if name not in before:
-            parts.append(f"model added: {name}")
-            continue
-        keys = [f.name for f in fields(m) if getattr(m, f.name) != getattr(before[name], f.name)]
-        if keys:
-            parts.append(f"{name}: {', '.join(keys)}")
-    parts += [f"model removed: {name}" for name in before if name not in after]
-    parts += [
-        f.name
-        for f in fields(new)
-        if f.name != "models" and getattr(new, f.name) != getattr(old, f.name)
-    ]
-    return "; ".join(parts) or "no setting"

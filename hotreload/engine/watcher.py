@@ -125,6 +125,7 @@ class FileWatcher:
         self.quiet_s = config.watch.quiet_ms / 1000 if quiet_s is None else quiet_s
         self.max_wait_s = config.watch.max_wait_ms / 1000 if max_wait_s is None else max_wait_s
         self.poll = config.watch.poll if poll is None else poll
+        self._rules_for = rules_for
         self.rules = {m.name: rules_for(m) for m in config.models}
         self.routes = Routes(config, self.rules, uses)
         #: model -> its reload this watcher asked for and that has not finished.
@@ -164,10 +165,6 @@ class FileWatcher:
         folder = self.config.path.parent
         covered = any(folder == r or r in folder.parents for r in roots)
         return None if covered else folder
-
-    def models_for(self, path: Path) -> list[tuple[ModelConfig, bool]]:
-        """(model, is_weights) for each model an edit of this path reloads (watch_routes.py)."""
-        return self.routes.models_for(path)
 
     def _tracked_files(self) -> Iterable[Path]:
         return self.routes.tracked_files(self._walk_error)
@@ -266,6 +263,23 @@ class FileWatcher:
                 pass
             raise
         return observer
+
+    async def use_config(self, config: Config) -> None:
+        """The config a model serves with after an edit of its section: routes and ignore
+        rules from it, the files it adds fingerprinted, and a folder it adds (a weights file
+        elsewhere, a `watch` path) watched from now on."""
+        self.config = config
+        self.rules = {m.name: self._rules_for(m) for m in config.models}
+        self.routes = Routes(config, self.rules, self.routes.uses)
+        baseline = await asyncio.to_thread(self._take_baseline)
+        self._baseline.update({p: f for p, f in baseline.items() if p not in self._baseline})
+        if self._observer is None or self._handler is None:
+            return
+        for root in self.roots():
+            covered = any(root == w or w in root.parents for w in self._watches)
+            if not covered and self._readable(root):
+                watch = self._observer.schedule(self._handler, str(root), recursive=True)
+                self._watches[root] = watch
 
     async def stop(self) -> None:
         if self._timer is not None:
@@ -388,7 +402,7 @@ class FileWatcher:
         async def count() -> None:
             def differs() -> dict[Path, bool]:
                 found = self._expand({path}) - {self.config.path}
-                return {p: self._compare(p)[0] for p in found if self.models_for(p)}
+                return {p: self._compare(p)[0] for p in found if self.routes.models_for(p)}
 
             found = await asyncio.to_thread(differs)
             before = len(self.waiting)

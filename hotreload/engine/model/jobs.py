@@ -116,11 +116,19 @@ class ReloadJob(Job):
     weights_only: bool = False
     #: Build even when nothing changed (`hotreload reload --force`, the dashboard's key).
     force: bool = False
+    #: The model's edited `[[models]]` section to reload with (settings_change.Settings).
+    settings: Any = None
 
     def merge(
-        self, trigger: str, detail: list[str], weights_only: bool, force: bool = False
+        self,
+        trigger: str,
+        detail: list[str],
+        weights_only: bool,
+        force: bool = False,
+        settings: Any = None,
     ) -> None:
         self.force = self.force or force
+        self.settings = settings or self.settings  # the newest edit of the section
         if trigger not in self.trigger.split("+"):
             self.trigger += "+" + trigger
         self.detail += [d for d in detail if d not in self.detail]
@@ -176,7 +184,7 @@ class JobQueue:
         """Queue `job`, or return the queued job that already covers it."""
         for queued in self._jobs:
             if isinstance(job, ReloadJob) and isinstance(queued, ReloadJob):
-                queued.merge(job.trigger, job.detail, job.weights_only, job.force)
+                queued.merge(job.trigger, job.detail, job.weights_only, job.force, job.settings)
                 return queued
             if (
                 isinstance(job, RestartJob)

@@ -230,3 +230,15 @@ def why_in_serving_worker(
     if not model.weights and not any(o.strict for o in needed):
         return "it has no weights files and no push of every tensor (strict) to start from"
     return None
+
+
+def builder(sup: Any, job: Any, outcome: Any) -> tuple[Any, str]:
+    """The strategy a push builds with and its spec mode: the standby under respawn, else
+    the serving worker (`why_in_serving_worker` says why in the history row)."""
+    why = why_in_serving_worker(sup.strategy, sup.model, sup.record, job.push)
+    if why is None:
+        outcome.strategy = sup.strategy.name
+        return sup.strategy, "push_elsewhere"
+    if why:
+        outcome.detail.append(f"built in the serving worker: {why}")
+    return sup.inplace, "reload"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.engine.event_kinds import StandbyFailed, StandbyReady
+from hotreload.engine.model.built import Retired
 from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.snapshots import code_paths
@@ -81,6 +82,19 @@ class StandbyKeeper:
             StandbyReady(model=self.st.name, pid=worker.pid, recycled=recycled, after=after)
         )
 
+    async def keep_retired(self, retired: Retired | None) -> None:
+        """The old worker a swap retired, kept as the next standby when the strategy says."""
+        if retired is not None and retired.standby is not None:
+            await self.keep(retired.standby, retired.recycled, after="serving")
+
+    async def discard(self) -> None:
+        """The model's settings changed: the standby (or one starting) was started with the
+        old ones. The next one starts after the job, with the new."""
+        await self._cancel_start()
+        worker = self.st.set_standby(None)
+        if worker is not None:
+            await worker.stop(self.st.model.deadlines.stop_s)
+
     async def _cancel_start(self) -> None:
         task = self._task
         if task is not None and not task.done():
@@ -91,7 +105,4 @@ class StandbyKeeper:
     async def close(self) -> None:
         """Session shutdown: no new standby, and the one waiting is stopped."""
         self._closed = True
-        await self._cancel_start()
-        worker = self.st.set_standby(None)
-        if worker is not None:
-            await worker.stop(self.st.model.deadlines.stop_s)
+        await self.discard()

@@ -31,8 +31,15 @@ from hotreload.engine.event_kinds import RecycleDisabled, ReloadRequested
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import phases, pushes, snapshot_keeper, swaps, unchanged
-from hotreload.engine.model.built import Built, Retired
+from hotreload.engine.model import (
+    phases,
+    pushes,
+    settings_change,
+    snapshot_keeper,
+    swaps,
+    unchanged,
+)
+from hotreload.engine.model.built import Built
 from hotreload.engine.model.inplace import InPlace
 from hotreload.engine.model.jobs import (
     Job,
@@ -151,15 +158,19 @@ class ModelSupervisor:
         *,
         weights_only: bool = False,
         force: bool = False,
+        settings: settings_change.Settings | None = None,
     ) -> ReloadOutcome:
-        """Reload and return the outcome (unchanged.py: none when nothing changed, unless
-        `force`). Requests while one runs collapse into one follow-up with the newest files."""
+        """Reload; the outcome (unchanged.py: nothing built when nothing changed, unless
+        `force`). Reloads asked for while one runs collapse into one (settings_change.py)."""
         detail = list(detail or [])
         if self.jobs.closed:
             # A reload asked for during shutdown would start a worker nobody stops.
             return self.not_run(trigger, detail, "the session is stopping; the reload was not run")
         self._requested(trigger, detail)
-        job = ReloadJob(trigger=trigger, detail=detail, weights_only=weights_only, force=force)
+        job = ReloadJob(
+            trigger=trigger, detail=detail, weights_only=weights_only,
+            force=force or settings is not None, settings=settings,
+        )  # fmt: skip
         return await asyncio.shield(self.submit(job).future)
 
     async def push(
@@ -231,8 +242,10 @@ class ModelSupervisor:
         try:
             if isinstance(job, StartJob):
                 await self._start()
+            elif isinstance(job, ReloadJob) and job.settings is not None:
+                return job.settle(await settings_change.reload_with(self, job, self._reload))
             elif isinstance(job, ReloadJob):
-                return job.settle(await self._reload(job))
+                return job.settle(await self._reload(job, self.strategy))
             elif isinstance(job, PushJob):
                 return job.settle(await self._push(job))
             elif isinstance(job, RestartJob):
@@ -287,7 +300,7 @@ class ModelSupervisor:
 
     # ------------------------------------------------------------------ reload
 
-    async def _reload(self, job: ReloadJob) -> ReloadOutcome:
+    async def _reload(self, job: ReloadJob, strategy: InPlace | Respawn) -> ReloadOutcome:
         """One reload, in order. A failure in load, warm or smoke leaves the old version
         serving (or restores it); a drain or sync past its deadline means a wedged worker,
         killed and restarted on the last good snapshot; a worker that died during the
@@ -295,7 +308,7 @@ class ModelSupervisor:
         st, rec, started = self.st, self.record, time.monotonic()
         outcome = ReloadOutcome(
             self.name, False, self.version, job.trigger, detail=job.detail,
-            strategy=self.strategy.name,
+            strategy=strategy.name,
         )  # fmt: skip
         run = st.runner(outcome)
         inputs_before = list(rec.current.inputs) if rec.current else None
@@ -316,7 +329,7 @@ class ModelSupervisor:
                             outcome.policy = await choose_policy(
                                 self.model, rec.current, old, self.worker_status, self.events
                             )
-                        await self._build_and_swap(run, job, outcome, old, cold)
+                        await self._build_and_swap(run, job, outcome, old, cold, strategy)
                     outcome.ok = True
                 except PhaseFailed as exc:
                     await self._failed(exc, outcome)
@@ -345,9 +358,10 @@ class ModelSupervisor:
         outcome: ReloadOutcome,
         old: WorkerProcess | None,
         cold: bool,
+        strategy: InPlace | Respawn,
     ) -> None:
         """The strategy builds the version; traffic moves to it one of three ways."""
-        st, strategy = self.st, self.strategy
+        st = self.st
         if cold or old is None:  # no live worker: a failed start, an unload, a give-up
             if old is not None:
                 await old.kill()
@@ -362,10 +376,12 @@ class ModelSupervisor:
             except PhaseFailed:
                 await swaps.restore(st, old)
                 raise
-            await self._kept(await swaps.behind_gate(run, st, strategy, old, built))
+            await self.standby.keep_retired(await swaps.behind_gate(run, st, strategy, old, built))
         else:  # availability: built beside the old version, which serves on
             built = await self._build(strategy, run, job, outcome, "reload")
-            await self._kept(await swaps.swap_in(run, st, strategy, old, built, outcome))
+            await self.standby.keep_retired(
+                await swaps.swap_in(run, st, strategy, old, built, outcome)
+            )
 
     async def _build(
         self,
@@ -419,9 +435,9 @@ class ModelSupervisor:
                     job.stale = pushes.stale_base(self.name, job.base_digest, self.current)
                     if job.stale:
                         raise PhaseFailed("load", job.stale)
-                    strategy, mode = self._push_builder(job, outcome)
+                    strategy, mode = pushes.builder(self, job, outcome)
                     built = await self._build(strategy, run, None, outcome, mode, job.push)
-                    await self._kept(
+                    await self.standby.keep_retired(
                         await swaps.swap_in(run, st, strategy, serving, built, outcome)
                     )
                     outcome.ok = True
@@ -447,22 +463,6 @@ class ModelSupervisor:
             outcome.error = await self.recovery.wedged(exc)
         elif not self.recovery.lost():
             self.st.serve_on()
-
-    def _push_builder(self, job: PushJob, outcome: ReloadOutcome) -> tuple[Any, str]:
-        """The standby under respawn, else the serving worker (pushes.why_in_serving_worker
-        says why in the history row)."""
-        why = pushes.why_in_serving_worker(self.strategy, self.model, self.record, job.push)
-        if why is None:
-            outcome.strategy = self.strategy.name
-            return self.strategy, "push_elsewhere"
-        if why:
-            outcome.detail.append(f"built in the serving worker: {why}")
-        return self.inplace, "reload"
-
-    async def _kept(self, retired: Retired | None) -> None:
-        """The old worker a swap retired, kept as the next standby when the strategy says."""
-        if retired is not None and retired.standby is not None:
-            await self.standby.keep(retired.standby, retired.recycled, after="serving")
 
     def _spec(self, mode: str, *, job: Any = None, push: Any = None) -> BuildSpec:
         root, rec = self.config.root, self.record

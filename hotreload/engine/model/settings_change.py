@@ -1,0 +1,138 @@
+"""A model's `[[models]]` section edited while it serves: which settings apply how.
+
+Three kinds, by what the setting reaches:
+
+    live      read each time they are used (queue and timeout limits, deadlines, policy,
+              what is watched): applied at once, nothing is rebuilt
+    reload    fixed when a worker process starts or a version is built (the entry, weights,
+              device, env, adapters, strategy, ...): the model reloads with them in a fresh
+              worker beside the serving one, the way strategy respawn reloads; a version
+              that fails leaves the old one serving with the old settings
+    restart   the session's CPU plan (`cpus`, `threads`) is made once, at start: these wait
+              for a restart of `hotreload watch`, and say so
+
+The supervisor runs a reload with new settings as one job (supervisor.py `_reload`):
+`adopt` puts them in every part that reads them, and returns the undo for a failed build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hotreload.config import ModelConfig
+from hotreload.engine.ignore import IgnoreRules
+from hotreload.engine.model.inplace import InPlace
+from hotreload.engine.model.jobs import ReloadJob, ReloadOutcome
+from hotreload.engine.model.respawn import Respawn
+
+#: The supervisor (supervisor.py imports this module, so it is not named here).
+ModelSupervisor = Any
+
+#: The session's CPU plan is made from these at start (engine/cpus.py).
+RESTART_KEYS = frozenset({"name", "cpus", "threads"})
+#: Read each time they are used: nothing to rebuild.
+LIVE_KEYS = frozenset(
+    {
+        "max_queue_size",
+        "request_timeout_s",
+        "max_inflight",
+        "deadlines",
+        "build_pace",
+        "policy",
+        "watch",
+        "watch_listed",
+        "ignore",
+        "recycle",
+        "expected_output",
+        "allow_output_change",
+        "warmup_iters",
+    }
+)
+#: The router's own copies of the model's limits.
+_ROUTER_KEYS = ("max_queue_size", "request_timeout_s", "max_inflight")
+
+
+@dataclass(frozen=True)
+class Changed:
+    """What an edit changed in one model's section, by kind (field names, in order)."""
+
+    live: tuple[str, ...] = ()
+    reload: tuple[str, ...] = ()
+    restart: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.live + self.reload + self.restart
+
+
+def classify(old: ModelConfig, new: ModelConfig) -> Changed:
+    changed = [f.name for f in fields(new) if getattr(new, f.name) != getattr(old, f.name)]
+    return Changed(
+        live=tuple(k for k in changed if k in LIVE_KEYS),
+        reload=tuple(k for k in changed if k not in LIVE_KEYS | RESTART_KEYS),
+        restart=tuple(k for k in changed if k in RESTART_KEYS),
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """New settings for a reload job: the section and its ignore rules."""
+
+    model: ModelConfig
+    ignore: IgnoreRules
+
+
+def apply(sup: ModelSupervisor, new: Settings) -> Callable[[], None]:
+    """Put `new` in every part of the supervisor that reads the model's settings; returns
+    the undo. The strategy follows `strategy`; the worker factory spawns with the new
+    section, the router takes its limits."""
+    before = Settings(sup.model, sup.ignore)
+    strategy_before = sup.strategy
+    _put(sup, new)
+    if new.model.strategy != before.model.strategy:
+        sup.strategy = Respawn(sup.workers) if new.model.strategy == "respawn" else sup.inplace
+        sup.standby.strategy = sup.strategy
+
+    def undo() -> None:
+        _put(sup, before)
+        sup.strategy = sup.standby.strategy = strategy_before
+
+    return undo
+
+
+def _put(sup: ModelSupervisor, s: Settings) -> None:
+    m = s.model
+    sup.model = sup.workers.model = sup.st.model = sup.overrides.model = m
+    sup.ignore = s.ignore
+    for key in _ROUTER_KEYS:
+        setattr(sup.router, key, getattr(m, key))
+
+
+def fresh_worker(sup: ModelSupervisor) -> Respawn:
+    """The strategy a reload with new settings builds with: a fresh process (the serving
+    one was started with the old env, device, adapters), and the old worker stopped after
+    the hand-over, never kept as a standby. Closed, it takes no standby (one started with
+    the old settings) and keeps none."""
+    strategy = Respawn(sup.workers)
+    strategy.close()
+    return strategy
+
+
+Reload = Callable[[ReloadJob, "InPlace | Respawn"], Awaitable[ReloadOutcome]]
+
+
+async def reload_with(sup: ModelSupervisor, job: ReloadJob, reload: Reload) -> ReloadOutcome:
+    """The reload job with `job.settings`: applied, built in a fresh worker, and undone
+    unless the new version serves. The standby goes once it does: it was started with the
+    old settings (the next one starts after the job)."""
+    undo, outcome = apply(sup, job.settings), None
+    try:
+        outcome = await reload(job, fresh_worker(sup))
+    finally:
+        if outcome is None or not outcome.ok:
+            undo()
+    if outcome.ok:
+        await sup.standby.discard()
+    return outcome

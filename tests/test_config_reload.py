@@ -1,0 +1,180 @@
+"""An edit of hotreload.toml while `hotreload watch` runs: the model reloads with its new
+settings in a fresh worker, a live setting applies at once, a broken one leaves the old
+version serving with the old settings, and what needs a restart says so
+(commands/config_edit.py, engine/model/settings_change.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from hotreload import Client
+from tests.support import count_events, read_events, wait_until
+
+X = np.random.default_rng(3).standard_normal((1, 64), dtype=np.float32)
+
+
+def in_process(project: Path, weights: Path) -> np.ndarray:
+    """The example model called in-process with `weights`: what the served one must answer."""
+    namespace: dict = {}
+    exec(compile((project.parent / "model.py").read_text(), "model.py", "exec"), namespace)
+    module = namespace["build"]()
+    module.load_state_dict(load_file(str(weights)))
+    with torch.no_grad():
+        return module.eval()(torch.from_numpy(X)).numpy()
+
+
+def make_weights(project: Path, name: str, seed: int) -> Path:
+    out = project.parent / name
+    subprocess.run(
+        [
+            sys.executable,
+            str(project.parent / "make_weights.py"),
+            "--seed",
+            str(seed),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return out
+
+
+def edit_config(project: Path, old: str, new: str) -> None:
+    text = project.read_text()
+    assert old in text, old
+    project.write_text(text.replace(old, new))
+
+
+def model_status(client: Client) -> dict:
+    return client.status()["models"][0]
+
+
+def config_said(project: Path, text: str, timeout: float = 30.0) -> str:
+    def found() -> str | None:
+        for e in read_events(project):
+            if e.get("kind") == "config_changed" and text in str(e.get("detail")):
+                return str(e["detail"])
+        return None
+
+    return str(wait_until(found, timeout, what=f"config_changed saying {text!r}"))
+
+
+def test_pointing_weights_at_another_file_reloads_in_a_fresh_worker_and_watches_it(
+    project: Path, serve
+) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project, timeout_s=60)
+    first = model_status(client)
+    v1 = client.infer("mlp", X)
+    other = make_weights(project, "other.safetensors", seed=7)
+
+    edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["other.safetensors"]')
+    said = config_said(project, "mlp (weights) reloads with them")
+    assert "restart" not in said, said
+    wait_until(lambda: model_status(client)["version"] == 2, 60, what="v2 with other.safetensors")
+    now = model_status(client)
+    assert now["pid"] != first["pid"], "new settings build in a fresh worker"
+    wait_until(lambda: count_events(project, "reload_done", trigger="config"), 30, what="event")
+    asked = [e for e in read_events(project) if e["kind"] == "reload_requested"]
+    assert asked[-1]["detail"] == "hotreload.toml: weights", asked[-1]
+    v2 = client.infer("mlp", X)
+    assert v2.version == 2 and v2.digest != v1.digest
+    np.testing.assert_allclose(v2.output, in_process(project, other), rtol=1e-5, atol=1e-6)
+
+    # The watcher follows the new file: saving it reloads, saving the old one reloads nothing.
+    make_weights(project, "other.safetensors", seed=8)
+    wait_until(lambda: model_status(client)["version"] == 3, 60, what="v3 after saving it")
+    np.testing.assert_allclose(
+        client.infer("mlp", X).output, in_process(project, other), rtol=1e-5, atol=1e-6
+    )
+    make_weights(project, "weights.safetensors", seed=9)
+    wait_until(
+        lambda: count_events(project, "file_unused"), 30, what="the old weights file said unused"
+    )
+    assert model_status(client)["version"] == 3
+
+
+def test_a_settings_edit_that_fails_leaves_the_old_version_serving_with_the_old_settings(
+    project: Path, serve
+) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project, timeout_s=60)
+    v1 = client.infer("mlp", X)
+    save_file({"inp.weight": torch.zeros(3, 3)}, str(project.parent / "wrong.safetensors"))
+
+    edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["wrong.safetensors"]')
+    said = config_said(project, "serves on with the settings before")
+    assert "mlp's new settings failed in load" in said and "fix hotreload.toml" in said, said
+    after = client.infer("mlp", X)
+    assert (after.version, after.digest) == (1, v1.digest)
+    assert np.array_equal(after.output, v1.output), "the old weights serve on, bit for bit"
+
+    # A code edit now reloads with the settings that serve (weights.safetensors), not the
+    # failed ones.
+    model = project.parent / "model.py"
+    model.write_text(model.read_text().replace("SCALE = 1.0", "SCALE = 2.0"))
+    wait_until(lambda: model_status(client)["version"] == 2, 60, what="v2 from the code edit")
+    np.testing.assert_allclose(client.infer("mlp", X).output, v1.output * 2, rtol=1e-5)
+
+    # Fixing the file applies the edit (compared with what serves, not with the failed one).
+    edit_config(project, 'weights = ["wrong.safetensors"]', 'weights = ["weights.safetensors"]')
+    config_said(project, "changed: no setting")
+    edit_config(project, "warmup_iters = 3", "warmup_iters = 1")
+    config_said(project, "mlp (warmup_iters): applied, nothing to rebuild")
+
+
+def test_a_live_setting_applies_at_once_and_cpus_waits_for_a_restart(project: Path, serve) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project, timeout_s=60)
+    before = model_status(client)
+    assert before["queue_limit"] == 256
+
+    edit_config(project, "max_queue_size = 256", "max_queue_size = 7")
+    config_said(project, "mlp (max_queue_size): applied, nothing to rebuild")
+    wait_until(lambda: model_status(client)["queue_limit"] == 7, 30, what="queue_limit 7")
+    now = model_status(client)
+    assert (now["version"], now["pid"]) == (before["version"], before["pid"])
+
+    edit_config(project, "threads = 1 ", 'threads = 1\ncpus = "off" ')
+    said = config_said(project, "mlp: cpus: read at start")
+    assert "restart `hotreload watch`" in said, said
+    assert count_events(project, "reload_requested") == 0
+
+
+def test_switching_strategy_takes_the_standby_with_it(project: Path, serve) -> None:
+    edit_config(project, 'strategy = "inplace"', 'strategy = "respawn"')
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project, timeout_s=60)
+    wait_until(lambda: model_status(client)["standby"], 60, what="a standby worker")
+    standby = model_status(client)["standby"]["pid"]
+
+    edit_config(project, 'strategy = "respawn"', 'strategy = "inplace"')
+    wait_until(lambda: model_status(client)["version"] == 2, 60, what="v2 under inplace")
+    wait_until(lambda: model_status(client)["standby"] is None, 30, what="the standby stopped")
+    assert model_status(client)["strategy"] == "inplace"
+    wait_until(lambda: not _alive(standby), 30, what=f"standby pid {standby} gone")
+
+    edit_config(project, 'strategy = "inplace"', 'strategy = "respawn"')
+    wait_until(lambda: model_status(client)["version"] == 3, 60, what="v3 under respawn")
+    wait_until(lambda: model_status(client)["standby"], 60, what="a new standby")
+    assert model_status(client)["standby"]["pid"] != standby
+    # A reload now builds in the new standby, which holds the new settings.
+    outcome = client.reload("mlp", force=True)["outcomes"][0]
+    assert outcome["ok"] and outcome["strategy"] == "respawn", outcome
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
