@@ -44,6 +44,9 @@ def test_a_section_that_needs_a_restart_applies_nothing_of_itself(tmp_path: Path
     )
     plan = plan_edit(before, load_config(config))
     assert plan.waiting == ["mlp: device, threads"] and not plan.live and not plan.reloads
+    config.write_text(config.read_text().replace("threads = 2 ", "threads = 1 "))
+    plan = plan_edit(before, load_config(config))
+    assert plan.waiting == ["mlp: device"], "a build on another device needs its lock"
 
 
 def test_entry_weights_env_and_strategy_reload(tmp_path: Path) -> None:

@@ -178,3 +178,22 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_an_edit_saved_while_the_last_one_reloads_applies_after_it(project: Path, serve) -> None:
+    serve(project, "--no-tui", command="watch")
+    client = Client(config=project, timeout_s=60)
+    v1 = client.infer("mlp", X)
+    make_weights(project, "other.safetensors", seed=7)
+    edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["other.safetensors"]')
+    config_said(project, "mlp (weights) reloads with them")
+    # While v2 builds in its fresh worker (seconds: a process start): revert the weights and
+    # change a limit. It is compared with what serves once v2 does.
+    text = project.read_text().replace('"other.safetensors"', '"weights.safetensors"')
+    project.write_text(text.replace("max_queue_size = 256", "max_queue_size = 7"))
+    config_said(project, "mlp (max_queue_size, weights) reloads with them")
+    wait_until(lambda: model_status(client)["version"] == 3, 60, what="v3 with the revert")
+    now = model_status(client)
+    assert now["queue_limit"] == 7
+    back = client.infer("mlp", X)
+    assert back.digest == v1.digest and np.array_equal(back.output, v1.output)

@@ -37,6 +37,7 @@ class WatchSession:
             uses=lambda m: files_used(m, self.session.models[m.name].record),
         )
         self.watcher.on_config_change = self._on_config_change
+        self._config_edits = asyncio.Lock()
         #: "starting", "started" or "failed" (a model could not come up; the watcher runs
         #: anyway so that fixing the file brings it up).
         self.start_state = "starting"
@@ -56,14 +57,17 @@ class WatchSession:
             self.start_state, self.start_error = "started", None
 
     async def _on_config_change(self) -> None:
-        try:
-            new = await asyncio.to_thread(load_config, self.config.path)
-        except ConfigError as exc:
-            self.session.events.emit(
-                event_kinds.ConfigError(error=f"{exc}; the running session keeps its settings")
-            )
-            return
-        await apply_edit(self, new)
+        # One edit at a time, each read once the one before has applied (its reloads done):
+        # it is compared with what serves then, and the file as it is then.
+        async with self._config_edits:
+            try:
+                new = await asyncio.to_thread(load_config, self.config.path)
+            except ConfigError as exc:
+                self.session.events.emit(
+                    event_kinds.ConfigError(error=f"{exc}; the running session keeps its settings")
+                )
+                return
+            await apply_edit(self, new)
 
     async def _on_change(self, change: Change) -> None:
         root = self.config.root

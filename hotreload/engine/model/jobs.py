@@ -183,7 +183,12 @@ class JobQueue:
     def add(self, job: Job) -> Job:
         """Queue `job`, or return the queued job that already covers it."""
         for queued in self._jobs:
-            if isinstance(job, ReloadJob) and isinstance(queued, ReloadJob):
+            if (
+                isinstance(job, ReloadJob)
+                and isinstance(queued, ReloadJob)
+                # A file reload never shares the fate of new settings (which may fail).
+                and (job.settings is None) == (queued.settings is None)
+            ):
                 queued.merge(job.trigger, job.detail, job.weights_only, job.force, job.settings)
                 return queued
             if (

@@ -142,10 +142,15 @@ class Recovery:
         self.escalate: Callable[[], Awaitable[None]] | None = None
         self.closed = False
         self._watchdog: asyncio.Task[None] | None = None
+        #: Called before a restart spawns its worker: a reload with new settings that
+        #: failed puts the old ones back first (settings_change.reload_with).
+        self.before_restart: Callable[[], None] | None = None
 
     async def restart(self, reason: str, *, wedged: bool = False) -> None:
         """Replace a dead or wedged worker with a fresh one serving the same version."""
         st = self.st
+        if self.before_restart is not None:
+            self.before_restart()
         spec = make_spec(st.model, self.root, st.record, st.router, "restart", events=st.events)
         await restart(
             st,

@@ -3,13 +3,15 @@
 Three kinds, by what the setting reaches:
 
     live      read each time they are used (queue and timeout limits, deadlines, policy,
-              what is watched): applied at once, nothing is rebuilt
+              warm-up passes, what is watched): applied at once, nothing is rebuilt
     reload    fixed when a worker process starts or a version is built (the entry, weights,
-              device, env, adapters, strategy, ...): the model reloads with them in a fresh
-              worker beside the serving one, the way strategy respawn reloads; a version
-              that fails leaves the old one serving with the old settings
-    restart   the session's CPU plan (`cpus`, `threads`) is made once, at start: these wait
-              for a restart of `hotreload watch`, and say so
+              env, adapters, strategy, build_pace, allow_output_change, ...): the model
+              reloads with them in a fresh worker beside the serving one, the way strategy
+              respawn reloads; a version that fails leaves the old one serving with the
+              old settings
+    restart   the session's CPU plan (`cpus`, `threads`) is made once, at start, and a
+              build on another `device` would run under the old one's lock and memory
+              check: these wait for a restart of `hotreload watch`, and say so
 
 The supervisor runs a reload with new settings as one job (supervisor.py `_reload`):
 `adopt` puts them in every part that reads them, and returns the undo for a failed build.
@@ -30,8 +32,9 @@ from hotreload.engine.model.respawn import Respawn
 #: The supervisor (supervisor.py imports this module, so it is not named here).
 ModelSupervisor = Any
 
-#: The session's CPU plan is made from these at start (engine/cpus.py).
-RESTART_KEYS = frozenset({"name", "cpus", "threads"})
+#: The session's CPU plan is made from these at start (engine/cpus.py); a build on another
+#: device would run under the old device's lock and memory check.
+RESTART_KEYS = frozenset({"name", "cpus", "threads", "device"})
 #: Read each time they are used: nothing to rebuild.
 LIVE_KEYS = frozenset(
     {
@@ -39,14 +42,11 @@ LIVE_KEYS = frozenset(
         "request_timeout_s",
         "max_inflight",
         "deadlines",
-        "build_pace",
         "policy",
         "watch",
         "watch_listed",
         "ignore",
         "recycle",
-        "expected_output",
-        "allow_output_change",
         "warmup_iters",
     }
 )
@@ -125,14 +125,29 @@ Reload = Callable[[ReloadJob, "InPlace | Respawn"], Awaitable[ReloadOutcome]]
 
 async def reload_with(sup: ModelSupervisor, job: ReloadJob, reload: Reload) -> ReloadOutcome:
     """The reload job with `job.settings`: applied, built in a fresh worker, and undone
-    unless the new version serves. The standby goes once it does: it was started with the
-    old settings (the next one starts after the job)."""
-    undo, outcome = apply(sup, job.settings), None
+    unless a worker with them serves. Undone before a restart of the old worker too (it
+    died or wedged during the build): that one comes back as it was. The standby goes once
+    the new settings serve: it was started with the old ones (the next starts after the job)."""
+    old, undo = sup.record.serving, apply(sup, job.settings)
+    undone = False
+
+    def put_back() -> None:
+        nonlocal undone
+        if not undone:
+            undone = True
+            undo()
+
+    def before_restart() -> None:
+        if sup.record.serving is old:
+            put_back()
+
+    sup.recovery.before_restart = before_restart
     try:
         outcome = await reload(job, fresh_worker(sup))
     finally:
-        if outcome is None or not outcome.ok:
-            undo()
-    if outcome.ok:
+        sup.recovery.before_restart = None
+        if sup.record.serving is old or sup.record.serving is None:
+            put_back()
+    if not undone:
         await sup.standby.discard()
     return outcome
