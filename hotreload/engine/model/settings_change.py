@@ -117,6 +117,7 @@ def fresh_worker(sup: ModelSupervisor) -> Respawn:
     the old settings) and keeps none."""
     strategy = Respawn(sup.workers)
     strategy.close()
+    strategy.name = "fresh worker"  # the history row's strategy: not the model's own
     return strategy
 
 
