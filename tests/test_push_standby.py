@@ -126,3 +126,41 @@ def test_a_model_without_weights_files_builds_pushes_in_the_standby_once_one_hol
         expected = in_process(config, {**state, **head})
         np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
         assert [r["strategy"] for r in push_rows(config)] == ["inplace", "respawn", "respawn"]
+
+
+def hashed_kib(config: Path) -> list[float]:
+    """The KiB each push's build hashed for its digest, in order (its load phase's detail)."""
+    out = []
+    for e in read_events(config):
+        detail = str(e.get("detail"))
+        if e.get("kind") == "phase_end" and e.get("phase") == "load" and "pushed" in detail:
+            amount, unit = detail.split("digest hashed ")[1].split(",")[0].split()
+            out.append(float(amount) * (1024 if unit == "MiB" else 1))
+    return out
+
+
+def test_a_push_in_the_standby_hashes_only_its_own_tensors(respawned) -> None:  # type: ignore[no-untyped-def]
+    """The block and the pushes the standby maps again come with the digest leaves the
+    worker that built them first named (issue 26 item 4 under respawn): a head push over a
+    full one hashes the head, not the model. The digest is the one computed here, from
+    nothing remembered."""
+    from hotreload.worker.weights_digest import state_digest
+
+    config, _, client = respawned
+    first = trained(file_state(config), 7)
+    client.update_weights("mlp", first)
+    wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the next standby")
+    head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
+    reply = client.update_weights("mlp", head, strict=False)
+    assert reply["digest"] == state_digest({**first, **head})
+    result = client.infer("mlp", X, min_version=reply["version"])
+    assert result.digest == reply["digest"]
+    np.testing.assert_allclose(
+        result.output, in_process(config, {**first, **head}), rtol=1e-5, atol=1e-6
+    )
+    model_kib = sum(t.nbytes for t in first.values()) / 1024
+    head_kib = sum(t.nbytes for t in head.values()) / 1024
+    full, part = hashed_kib(config)
+    assert full >= model_kib * 0.9, (full, model_kib)  # every tensor new
+    assert part <= head_kib + 1, (part, head_kib, model_kib)  # the block and v2 remembered
+    assert all(r["strategy"] == "respawn" for r in push_rows(config))

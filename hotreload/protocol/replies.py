@@ -66,6 +66,11 @@ class LoadReply(Reply):
     #: Content digest of its weights, or None while it is hashed (`digest_pending`).
     digest: str | None = None
     digest_pending: bool = False
+    #: Bytes the digest hashed (the rest were remembered); None while it is hashed.
+    hashed_bytes: int | None = None
+    #: Per push id: the digest leaves of its tensors, by pushed name (a worker mapping the
+    #: push again hashes none of them: worker/shared_weights.py).
+    overlay_leaves: dict[str, Any] | None = None
     #: Weight tensors shared with the serving version (same worker, unchanged files).
     reused: int = 0
     #: Weight tensors mapped from the serving worker's block (another worker).

@@ -29,6 +29,7 @@ from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
+from hotreload.worker.shared_weights import digest_version
 from hotreload.worker.signatures import (
     FORM_SINGLE,
     FORM_TUPLE,
@@ -45,7 +46,6 @@ from hotreload.worker.smoke_checks import check_expected as _check_expected
 from hotreload.worker.smoke_checks import fmt_sig as _fmt_sig
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
-from hotreload.worker.weights_digest import digest_later, state_digest
 
 
 @dataclass
@@ -77,6 +77,8 @@ class ModelVersion:
     #: still being computed by `digest_future`).
     digest: str | None = None
     digest_future: Future[str] | None = None
+    #: Bytes its digest hashed: the rest were remembered (weights_digest.py, a block's leaves).
+    hashed_bytes: int | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -358,16 +360,9 @@ def build_version(
     ):
         mv.digest = current.digest  # the very tensors the serving version has
     elif isinstance(model, torch.nn.Module):
-        state = model.state_dict()
-        if digest_now:
-            mv.digest = state_digest(state)
-        else:
-            # Hashed beside the warm-up and the swap, not before them: 1 GiB takes ~0.5 s,
-            # which an edit's first new answer need not wait for (op DIGEST waits for it).
-            mv.digest_future = digest_later(state)
-            mv.digest_future.add_done_callback(
-                lambda f: setattr(mv, "digest", None if f.exception() else f.result())
-            )
+        # Now, or beside the warm-up and the swap: 1 GiB takes ~0.5 s, which an edit's first
+        # new answer need not wait for (op DIGEST waits for it).
+        digest_version(mv, model.state_dict(), placed, now=digest_now)
     mv.load_s = time.perf_counter() - started
     mv.footprint_bytes = max(0, allocated_bytes(device) - before)
     return mv

@@ -73,3 +73,19 @@ def sync_version(device: Any, mv: Any, deadline_s: float) -> dict[str, Any]:
     from hotreload.worker.sync import sync_streams  # cuda-python: only where CUDA is
 
     return sync_streams(mv.version if mv else None, deadline_s)
+
+
+def digest_fields(mv: Any, digest: str) -> dict[str, Any]:
+    """Op DIGEST's answer once the version's hashing is done: the digest, its adapters'
+    (the base's is in now), the bytes it hashed, and the leaves of the weights block it
+    read the files into and of its pushes (the session hands them to the next worker that
+    maps them: worker/shared_weights.py)."""
+    out: dict[str, Any] = {"digest": digest, "hashed_bytes": mv.hashed_bytes}
+    if mv.weights.adapters is not None:
+        out["adapters"] = mv.weights.adapters.wire()
+    block = mv.weights.shared
+    if block is not None and block.leaves:
+        out["block_leaves"] = block.leaves
+    if mv.weights.overlay_leaves:
+        out["overlay_leaves"] = mv.weights.overlay_leaves
+    return out

@@ -227,6 +227,8 @@ class Worker:
             paused_s=pacer.paused_s,
             digest=mv.digest,
             digest_pending=mv.digest is None and mv.digest_future is not None,
+            hashed_bytes=mv.hashed_bytes,
+            overlay_leaves=mv.weights.overlay_leaves or None,
             reused=mv.weights.reused,
             mapped=mv.weights.mapped,
             shared=mv.weights.shared.descriptor() if mv.weights.shared else None,
@@ -388,7 +390,6 @@ class Worker:
         hashing thread: no worker thread waits for it, and no build thread wakes up)."""
         mv, rid = self.current, frame.header["id"]
         fut = mv.digest_future if mv is not None else None
-        held = mv.weights.adapters if mv is not None else None  # its base digest is in now
         if fut is None:
             self.send({"id": rid, "ok": True, "digest": mv.digest if mv else None})
             return
@@ -397,8 +398,7 @@ class Worker:
             if done.exception() is not None:
                 self.reply_error(rid, done.exception())
             else:
-                extra = {"adapters": held.wire()} if held is not None else {}
-                self.send({"id": rid, "ok": True, "digest": done.result(), **extra})
+                self.send({"id": rid, "ok": True, **replies.digest_fields(mv, done.result())})
 
         fut.add_done_callback(answer)
 

@@ -7,6 +7,16 @@ under it). The manager holds a reference to that memfd; when a `respawn` reload 
 another worker and the weights files are unchanged, that worker maps the same block
 (`map_block`): no read of the files, no second private copy, the pages shared. Nothing
 writes weights during inference, so sharing them across processes is safe.
+
+The block's digest leaves (weights_digest.py) travel with it: the worker that read the files
+hashes them once, as the version's digest, and names each block tensor's leaves
+(`leaves_over`); the session adds them to the block's descriptor, and a worker that maps
+the block remembers them for the tensors it maps (`remember_over`). A push's sealed memfd
+gets the same (its leaves named by the worker that built it first, kept on the session's
+`Overlay`). So a build in another worker (a respawn reload, a push in the standby) hashes
+only its own new tensors, not the base and pushes it maps again. A leaf counts only for a
+tensor over exactly that view's bytes (same address, size and dtype): the block is written
+once, before anyone maps it, and a pushed memfd is sealed.
 """
 
 from __future__ import annotations
@@ -14,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from hotreload.worker.weights_digest import REMEMBERED, digest_later, state_digest
 
 ALIGN = 64
 
@@ -29,13 +41,14 @@ class SharedBlock:
     fd: int
     size: int
     entries: list[dict[str, Any]]
+    #: Its tensors in this process, by entry name.
+    views: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    #: Each entry's digest leaves (hex), once this version's digest hashed them.
+    leaves: dict[str, list[str]] | None = None
 
     def descriptor(self) -> dict[str, Any]:
-        return {
-            "path": f"/proc/{os.getpid()}/fd/{self.fd}",
-            "size": self.size,
-            "tensors": self.entries,
-        }
+        out = {"path": f"/proc/{os.getpid()}/fd/{self.fd}", "size": self.size}
+        return {**out, "tensors": self.entries, **({"leaves": self.leaves} if self.leaves else {})}
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -76,7 +89,7 @@ def copy_into_block(
     except BaseException:
         os.close(fd)
         raise
-    return out, SharedBlock(fd, size, entries)
+    return out, SharedBlock(fd, size, entries, views=out)
 
 
 def map_block(descriptor: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -91,3 +104,76 @@ def map_block(descriptor: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         raise ValueError(f"the shared weights {path} hold {actual} bytes, not {size}")
     storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=size)
     return {e["name"]: _view(storage, e) for e in descriptor["tensors"]}
+
+
+def _over(state: Mapping[str, torch.Tensor]) -> dict[tuple[int, int, str], torch.Tensor]:
+    """State tensors by (address, size, dtype): which lie exactly over a mapped view."""
+    return {
+        (t.data_ptr(), t.nbytes, _dtype_name(t.dtype)): t
+        for t in state.values()
+        if t.device.type == "cpu" and t.is_contiguous() and t.nbytes
+    }
+
+
+def _at(view: torch.Tensor) -> tuple[int, int, str]:
+    return view.data_ptr(), view.nbytes, _dtype_name(view.dtype)
+
+
+def leaves_over(
+    state: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor]
+) -> dict[str, list[str]]:
+    """The leaves the digest of `state` remembered for its tensors over `views` (a block's
+    or a push's mapping, by the name its descriptor gives each), in hex."""
+    over, out = _over(state), {}
+    for name, view in views.items():
+        t = over.get(_at(view)) if view.device.type == "cpu" else None
+        leaves = REMEMBERED.get(t) if t is not None else None
+        if leaves is not None:
+            out[name] = [leaf.hex() for leaf in leaves]
+    return out
+
+
+def remember_over(
+    state: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor], leaves: Any
+) -> int:
+    """Remember `leaves` (as `leaves_over` gave them, in another worker) for the tensors of
+    `state` over `views`, this worker's mapping of the same memory; returns how many."""
+    if not isinstance(leaves, dict) or not views:
+        return 0
+    over, n = _over(state), 0
+    for name, view in views.items():
+        t = over.get(_at(view)) if view.device.type == "cpu" else None
+        hexes = leaves.get(name)
+        if t is not None and isinstance(hexes, list):
+            REMEMBERED.put(t, [bytes.fromhex(h) for h in hexes])
+            n += 1
+    return n
+
+
+def digest_version(mv: Any, state: Mapping[str, torch.Tensor], placed: Any, *, now: bool) -> None:
+    """`mv.digest` of `state`, now or on a thread (`mv.digest_future`), and `mv.hashed_bytes`.
+    The leaves other workers named for what this one maps (a block, pushes) are remembered
+    first; once it is hashed, the leaves of what it mapped or read are named in turn
+    (before op DIGEST answers: its callback comes after this one)."""
+    remember_over(state, placed.mapped_views, placed.mapped_leaves)
+    for i, views in placed.overlay_views.items():
+        remember_over(state, views, placed.overlay_leaves_in.get(i))
+    block: SharedBlock | None = placed.shared
+    before = REMEMBERED.hashed_bytes
+
+    def hashed(digest: str) -> None:
+        mv.digest, mv.hashed_bytes = digest, REMEMBERED.hashed_bytes - before
+        with contextlib.suppress(Exception):  # without them the next build hashes them all
+            if block is not None:
+                block.leaves = leaves_over(state, block.views)
+            placed.overlay_leaves = {
+                str(i): leaves_over(state, views) for i, views in placed.overlay_views.items()
+            }
+
+    if now:
+        hashed(state_digest(state))
+        return
+    mv.digest_future = digest_later(state)
+    mv.digest_future.add_done_callback(
+        lambda f: hashed(f.result()) if f.exception() is None else setattr(mv, "digest", None)
+    )

@@ -44,8 +44,16 @@ class PlacedWeights:
     #: The block of shared memory this build read the files into (CPU), kept until the
     #: version is released; None when it read none (or mapped another worker's).
     shared: SharedBlock | None = None
-    #: Tensors mapped from another worker's block (`respawn`, files unchanged).
+    #: Tensors mapped from another worker's block (`respawn`, files unchanged): the views,
+    #: and the block's digest leaves if its descriptor had them (shared_weights.py).
     mapped: int = 0
+    mapped_views: dict[str, torch.Tensor] = field(default_factory=dict)
+    mapped_leaves: dict[str, list[str]] | None = None
+    #: Per push (by id): its tensors as mapped here, by pushed name; the leaves its
+    #: descriptor came with; the leaves this build's digest named (shared_weights.py).
+    overlay_views: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    overlay_leaves_in: dict[int, Any] = field(default_factory=dict)
+    overlay_leaves: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     #: Per weights file, the module keys made from it (empty: not known, e.g. mapped).
     by_file: list[set[str]] = field(default_factory=list)
     #: Weights files read for this build (the rest, if any, shared).
@@ -134,6 +142,7 @@ def _overlay_state(
     overlay: Mapping[str, Any],
     device: torch.device,
     prefix: Mapping[str, str] | None = None,
+    views: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One push, checked against the module from its descriptor before a byte is read
     (an unknown name in a 2 GiB push took 31 s to refuse when read first): every name
@@ -145,7 +154,10 @@ def _overlay_state(
     names = {pushed: mine for mine, pushed in _pushed_names(raw, prefix, own).items()}
     entries = {names[k]: e for k, e in raw.items()}
     _check_pushed(own, entries, tied_groups(model), bool(overlay.get("strict", True)))
-    pushed = {names[k]: t for k, t in read_state(overlay["state"], device).items()}
+    read = read_state(overlay["state"], device)
+    if views is not None:
+        views.update(read)  # by pushed name, as mapped (shared_weights.leaves_over)
+    pushed = {names[k]: t for k, t in read.items()}
     return {
         name: t if t.dtype == own[name].dtype else t.to(own[name].dtype)
         for name, t in pushed.items()
@@ -243,6 +255,7 @@ def place_weights(
         # The files' weights as the other worker read them: its pushes come on top again.
         state, placed.not_reused = _mappable(model, base)
         placed.mapped, placed.keys = len(state), set(state)
+        placed.mapped_views, placed.mapped_leaves = dict(state), base.get("leaves")
         read = [] if state else read
     if read and files:
         by_file: list[set[str]] = []
@@ -268,7 +281,9 @@ def place_weights(
     for overlay in overlays:
         if int(overlay["id"]) in base_overlays:
             continue
-        state.update(_overlay_state(model, overlay, device, prefix))
+        views = placed.overlay_views[int(overlay["id"])] = {}
+        placed.overlay_leaves_in[int(overlay["id"])] = overlay.get("leaves")
+        state.update(_overlay_state(model, overlay, device, prefix, views))
         applied.append(int(overlay["id"]))
         step_done()
     if state:

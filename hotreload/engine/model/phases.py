@@ -26,7 +26,13 @@ from hotreload.engine.checkpoint_ready import wait_until_complete
 from hotreload.engine.event_kinds import CheckpointWait, ModelNote, PhaseEnd, PhaseStart
 from hotreload.engine.events import EventBus
 from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
-from hotreload.engine.model.pushes import Overlay, WeightsBlock, adopt_block, plan_weights
+from hotreload.engine.model.pushes import (
+    Overlay,
+    WeightsBlock,
+    adopt_block,
+    keep_leaves,
+    plan_weights,
+)
 from hotreload.engine.model.record import ModelRecord, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
@@ -188,6 +194,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         info.init_digests = r.init_digests
         info.adapters = r.adapters
         info.imports, info.libraries = tuple(r.imports), tuple(r.libraries)
+        keep_leaves(plan.overlays, r.overlay_leaves)
         if r.shared:
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:
@@ -203,6 +210,8 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
             what += f", weights read from the files ({r.not_reused})"
         if plan.push is not None:
             what += f", {len(plan.push.names)} tensor(s) pushed"
+        if r.hashed_bytes is not None:  # the rest of its digest was remembered or mapped
+            what += f", digest hashed {_size(r.hashed_bytes)}"
         return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
 
     async def warm() -> dict[str, Any]:
@@ -365,11 +374,11 @@ async def release(worker: WorkerProcess, which: str, stop_s: float) -> dict[str,
     return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
 
 
-async def digest(worker: WorkerProcess, load_s: float) -> tuple[str | None, Any]:
-    """The serving version's weights digest, which its worker hashed while it served, and
-    its adapters' digests (None: no adapters), the base's among them now."""
-    r = await worker.request(WorkerOp.DIGEST, None, deadline_s=load_s)
-    return r.get("digest"), r.get("adapters")
+async def digest(worker: WorkerProcess, load_s: float) -> dict[str, Any]:
+    """The serving version's weights digest, which its worker hashed while it served: the
+    reply (worker/replies.py `digest_fields`: its adapters' digests, the bytes hashed, the
+    leaves of the block it read)."""
+    return await worker.request(WorkerOp.DIGEST, None, deadline_s=load_s)
 
 
 def paced(reply: Any) -> str:
@@ -472,3 +481,7 @@ def make_spec(
 
 def say_nothing(message: str) -> None:
     """A build nobody is told about."""
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB // 10 else f"{n / 1024:.0f} KiB"

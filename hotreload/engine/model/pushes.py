@@ -47,6 +47,9 @@ class Overlay:
     #: The session's reference to the memfd (None: no tensor went through one).
     fd: int | None = None
     names: list[str] = field(default_factory=list)
+    #: Its tensors' digest leaves by pushed name, as the worker that built it first hashed
+    #: them: a worker mapping it again hashes none (worker/shared_weights.py).
+    leaves: dict[str, Any] | None = None
 
     @property
     def replayable(self) -> bool:
@@ -54,7 +57,8 @@ class Overlay:
         return all(t.get("via") == "memfd" for t in self.state.get("tensors", []))
 
     def wire(self) -> dict[str, Any]:
-        return {"id": self.id, "state": self.state, "strict": self.strict}
+        out = {"id": self.id, "state": self.state, "strict": self.strict}
+        return {**out, "leaves": self.leaves} if self.leaves else out
 
     def close(self) -> None:
         if self.fd is not None:
@@ -242,3 +246,14 @@ def builder(sup: Any, job: Any, outcome: Any) -> tuple[Any, str]:
     if why:
         outcome.detail.append(f"built in the serving worker: {why}")
     return sup.inplace, "reload"
+
+
+def keep_leaves(overlays: Any, leaves: Any) -> None:
+    """The leaves a worker named for pushes (LOAD or DIGEST reply, by push id), kept on
+    each push that has none yet: the same memfd, the same bytes."""
+    if not isinstance(leaves, dict):
+        return
+    for o in overlays:
+        got = leaves.get(str(o.id))
+        if o.leaves is None and isinstance(got, dict) and got:
+            o.leaves = got

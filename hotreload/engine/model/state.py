@@ -29,7 +29,7 @@ from hotreload.engine.event_kinds import (
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import phases, snapshot_keeper, unchanged
+from hotreload.engine.model import phases, pushes, snapshot_keeper, unchanged
 from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome
 from hotreload.engine.model.phases import PhaseClock, RunPhase
 from hotreload.engine.model.record import ModelRecord, ModelView, VersionInfo
@@ -294,10 +294,18 @@ class ModelState:
         load_s = self.model.deadlines.load_s
 
         async def digest() -> dict[str, Any]:
-            current.digest, adapters = await phases.digest(worker, load_s)
-            current.adapters = adapters or current.adapters
+            r = await phases.digest(worker, load_s)
+            current.digest, current.adapters = (
+                r.get("digest"),
+                r.get("adapters") or current.adapters,
+            )
             current.digest_pending = False
-            return {"detail": f"weights {current.digest} (hashed while it served)"}
+            if current.block is not None and isinstance(r.get("block_leaves"), dict):
+                current.block.descriptor["leaves"] = r["block_leaves"]  # for the next mapper
+            pushes.keep_leaves(current.overlays, r.get("overlay_leaves"))
+            hashed = r.get("hashed_bytes")
+            size = f", {hashed / 2**20:.1f} MiB hashed" if isinstance(hashed, int) else ""
+            return {"detail": f"weights {current.digest} (hashed while it served{size})"}
 
         try:
             await run("digest", digest, deadline_s=load_s + 5)
