@@ -78,3 +78,54 @@ def test_tied_tensors_and_inference_tensors() -> None:
         t = torch.randn(64, 64)
     hashed({"t": t})
     assert hashed({"t": t})[1] == t.nbytes  # no version counter: never remembered
+
+
+def test_leaves_named_in_one_mapping_are_remembered_in_another_only_when_they_fit() -> None:
+    """shared_weights.leaves_over / remember_over: the leaves a worker named for tensors
+    over a mapping, remembered for another mapping of the same bytes (here, two views of
+    one buffer). Leaves of the wrong count or not hex are ignored, and the tensor hashed."""
+    from hotreload.worker.shared_weights import leaves_over, remember_over
+
+    g = torch.Generator().manual_seed(3)
+    buffer = torch.randn(2 * 2**20 + 7, generator=g)  # 8 MiB + 28 bytes: two leaves
+    first = {"w": buffer.view(-1)}
+    hashed(first)
+    named = leaves_over(first, {"w": first["w"]})
+    assert list(named) == ["w"] and len(named["w"]) == 2
+
+    again = {"w": buffer[:]}  # another tensor object over the same bytes, not remembered yet
+    REMEMBERED._by_storage.clear()
+    assert remember_over(again, {"w": again["w"]}, {"w": named["w"][:1]}) == 0
+    assert remember_over(again, {"w": again["w"]}, {"w": ["zz", "zz"]}) == 0
+    assert hashed(again)[1] == buffer.nbytes, "not remembered: hashed"
+    REMEMBERED._by_storage.clear()
+    assert remember_over(again, {"w": again["w"]}, named) == 1
+    assert hashed(again)[1] == 0, "remembered from the names: nothing hashed"
+
+
+def test_a_digest_on_a_thread_keeps_no_state_alive_once_done() -> None:
+    """The version's future keeps its callbacks: they must not keep the hashed state (a
+    released version's weights) alive."""
+    import gc
+    import time
+    import types
+    import weakref
+
+    from hotreload.worker.shared_weights import digest_version
+    from hotreload.worker.weight_sources import PlacedWeights
+
+    t = torch.randn(1000)
+    gone = weakref.ref(t)
+    mv = types.SimpleNamespace(digest=None, digest_future=None, hashed_bytes=None)
+    digest_version(mv, {"w": t}, PlacedWeights(), now=False)
+    assert mv.digest_future.result(timeout=30) == reference_digest({"w": t})
+    del t
+    gc.disable()  # only plain reference counting may free it
+    try:
+        deadline = time.monotonic() + 10  # the hashing thread lets go as it ends
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gone() is None, "the finished digest still holds the state"
+    finally:
+        gc.enable()
+    assert mv.digest == mv.digest_future.result() and mv.hashed_bytes == 4000

@@ -142,6 +142,8 @@ _TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "mapped": int,
         "init_digests": dict,
         "imports": list,
+        "hashed_bytes": int,
+        "overlay_leaves": dict,
     },
     "WarmReply": {"warm_s": (int, float), "passes_ms": list},
     "SmokeReply": {"outputs": list, "notes": list, "imports": list},

@@ -29,9 +29,14 @@ from typing import Any
 
 import torch
 
-from hotreload.worker.weights_digest import REMEMBERED, digest_later, state_digest
+from hotreload.worker.weights_digest import CHUNK_BYTES, REMEMBERED, digest_later, state_digest
 
 ALIGN = 64
+#: Leaves named for one block or push at most, in hex with their names (the JSON header of
+#: a LOAD request carries them, and headers are bounded: protocol/framing.py). Past it none
+#: are named: a build that maps it hashes it all, as before (a missed speed-up, never a
+#: wrong digest). 96 KiB is about 1,400 leaves: 11 GiB of weights in 8 MiB chunks.
+MAX_LEAVES_JSON = 96 * 1024
 
 
 @dataclass
@@ -124,12 +129,15 @@ def leaves_over(
 ) -> dict[str, list[str]]:
     """The leaves the digest of `state` remembered for its tensors over `views` (a block's
     or a push's mapping, by the name its descriptor gives each), in hex."""
-    over, out = _over(state), {}
+    over, out, size = _over(state), {}, 0
     for name, view in views.items():
         t = over.get(_at(view)) if view.device.type == "cpu" else None
         leaves = REMEMBERED.get(t) if t is not None else None
         if leaves is not None:
             out[name] = [leaf.hex() for leaf in leaves]
+            size += len(name) + 8 + 67 * len(leaves)
+            if size > MAX_LEAVES_JSON:
+                return {}
     return out
 
 
@@ -144,8 +152,14 @@ def remember_over(
     for name, view in views.items():
         t = over.get(_at(view)) if view.device.type == "cpu" else None
         hexes = leaves.get(name)
-        if t is not None and isinstance(hexes, list):
-            REMEMBERED.put(t, [bytes.fromhex(h) for h in hexes])
+        if t is None or not isinstance(hexes, list) or len(hexes) != -(-t.nbytes // CHUNK_BYTES):
+            continue  # not over this view, or not leaves of its size: hashed here
+        try:
+            got = [bytes.fromhex(h) for h in hexes]
+        except (TypeError, ValueError):
+            continue
+        if all(len(leaf) == 32 for leaf in got):
+            REMEMBERED.put(t, got)
             n += 1
     return n
 
@@ -160,20 +174,37 @@ def digest_version(mv: Any, state: Mapping[str, torch.Tensor], placed: Any, *, n
         remember_over(state, views, placed.overlay_leaves_in.get(i))
     block: SharedBlock | None = placed.shared
     before = REMEMBERED.hashed_bytes
+    # The state, only until it is hashed: the future keeps its callbacks, and a callback
+    # holding the state would keep a released version's weights alive (a cycle via `mv`).
+    held = [state]
 
-    def hashed(digest: str) -> None:
-        mv.digest, mv.hashed_bytes = digest, REMEMBERED.hashed_bytes - before
-        with contextlib.suppress(Exception):  # without them the next build hashes them all
+    def hashed(digest: str | None) -> None:
+        try:
+            if digest is not None:
+                with contextlib.suppress(Exception):  # without them the next build hashes all
+                    _name_leaves(held[0], placed, block)
+            # After the leaves: a LOAD reply that finds the digest done carries them too.
+            mv.digest = digest
+            mv.hashed_bytes = REMEMBERED.hashed_bytes - before
+        finally:
+            held.clear()
+            placed.mapped_views, placed.overlay_views = {}, {}
             if block is not None:
-                block.leaves = leaves_over(state, block.views)
-            placed.overlay_leaves = {
-                str(i): leaves_over(state, views) for i, views in placed.overlay_views.items()
-            }
+                block.views = {}
 
     if now:
         hashed(state_digest(state))
         return
     mv.digest_future = digest_later(state)
+    del state
     mv.digest_future.add_done_callback(
-        lambda f: hashed(f.result()) if f.exception() is None else setattr(mv, "digest", None)
+        lambda f: hashed(f.result() if f.exception() is None else None)
     )
+
+
+def _name_leaves(state: Mapping[str, torch.Tensor], placed: Any, block: SharedBlock | None) -> None:
+    if block is not None:
+        block.leaves = leaves_over(state, block.views)
+    placed.overlay_leaves = {
+        str(i): leaves for i, v in placed.overlay_views.items() if (leaves := leaves_over(state, v))
+    }

@@ -155,13 +155,13 @@ def _overlay_state(
     entries = {names[k]: e for k, e in raw.items()}
     _check_pushed(own, entries, tied_groups(model), bool(overlay.get("strict", True)))
     read = read_state(overlay["state"], device)
-    if views is not None:
-        views.update(read)  # by pushed name, as mapped (shared_weights.leaves_over)
-    pushed = {names[k]: t for k, t in read.items()}
-    return {
-        name: t if t.dtype == own[name].dtype else t.to(own[name].dtype)
-        for name, t in pushed.items()
-    }
+    out = {}
+    for k, t in read.items():
+        mine = names[k]
+        out[mine] = t if t.dtype == own[mine].dtype else t.to(own[mine].dtype)
+        if views is not None and out[mine] is t and t.device.type == "cpu":
+            views[k] = t  # by pushed name, as mapped (shared_weights.leaves_over)
+    return out
 
 
 def _check_pushed(
