@@ -221,8 +221,8 @@ class Recovery:
         Not while a job runs: a reload's drain behind the hung forward hits its own
         deadline and recovers, and a restart queued then would only find it replaced."""
         st = self.st
-        limit = st.model.deadlines.forward_s
         while not self.closed:
+            limit = st.model.deadlines.forward_s  # read again: an edit of the config applies
             await asyncio.sleep(min(interval_s, limit / 4))
             age = hung_forward(st, busy())
             if age is None:
