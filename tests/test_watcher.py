@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import time
 from pathlib import Path
@@ -92,14 +93,22 @@ def test_burst_coalesces_by_quiet_and_max_window(tmp_path: Path) -> None:
     config = make_project(tmp_path)
     model = config.parent / "model.py"
 
+    saved: list[float] = []
+
     def burst() -> None:
         # 40 saves, 25 ms apart: never 80 ms of quiet, so the 600 ms cap flushes.
         for i in range(40):
             model.write_text(model.read_text() + f"\n# save {i}\n")
+            saved.append(time.monotonic())
             time.sleep(0.025)
 
     changes, _ = run(watching(config, burst, settle=0.8))
-    assert 1 <= len(changes) <= 3, changes
+    # About 1 s of saves: 2 or 3 flushes by the cap. A stall of this machine between two
+    # saves (a gap past the 80 ms of quiet) rightly flushes once more each: allowed for.
+    stalls = sum(1 for a, b in itertools.pairwise(saved) if b - a > 0.08)
+    cap = int((saved[-1] - saved[0]) / 0.6) + 2
+    assert 1 <= len(changes) <= cap + stalls, (changes, cap, stalls)
+    assert len(changes) < 10, "saves 25 ms apart coalesce"
 
 
 def test_configured_ignore_globs(tmp_path: Path) -> None:
