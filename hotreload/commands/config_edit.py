@@ -63,9 +63,9 @@ def plan_edit(old: Config, new: Config) -> EditPlan:
             plan.waiting.append(f"model added: {m.name}")
             continue
         changed = classify(before[m.name], m)
-        keys = ", ".join(changed.keys)
         if not changed.keys:
             continue
+        keys = ", ".join(changed.keys)
         if changed.restart:  # the whole section waits: half of an edit applied misleads
             plan.waiting.append(f"{m.name}: {keys}")
         elif changed.reload:

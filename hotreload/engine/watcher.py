@@ -271,8 +271,9 @@ class FileWatcher:
         self.config = config
         self.rules = {m.name: self._rules_for(m) for m in config.models}
         self.routes = Routes(config, self.rules, self.routes.uses)
-        baseline = await asyncio.to_thread(self._take_baseline)
-        self._baseline.update({p: f for p, f in baseline.items() if p not in self._baseline})
+        known = set(self._baseline)  # only the files it adds are read (the rest were)
+        added = await asyncio.to_thread(lambda: set(self._tracked_files()) - known)
+        self._baseline.update(await asyncio.to_thread(lambda: {p: _fingerprint(p) for p in added}))
         if self._observer is None or self._handler is None:
             return
         for root in self.roots():

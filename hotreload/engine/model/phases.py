@@ -211,7 +211,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         if plan.push is not None:
             what += f", {len(plan.push.names)} tensor(s) pushed"
         if r.hashed_bytes is not None:  # the rest of its digest was remembered or mapped
-            what += f", digest hashed {_size(r.hashed_bytes)}"
+            what += f", digest hashed {size_text(r.hashed_bytes)}"
         return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
 
     async def warm() -> dict[str, Any]:
@@ -483,5 +483,6 @@ def say_nothing(message: str) -> None:
     """A build nobody is told about."""
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """Bytes in MiB, or in KiB below a tenth of one (a push of a few tensors)."""
     return f"{n / MIB:.1f} MiB" if n >= MIB // 10 else f"{n / 1024:.0f} KiB"

@@ -13,8 +13,8 @@ Three kinds, by what the setting reaches:
               build on another `device` would run under the old one's lock and memory
               check: these wait for a restart of `hotreload watch`, and say so
 
-The supervisor runs a reload with new settings as one job (supervisor.py `_reload`):
-`adopt` puts them in every part that reads them, and returns the undo for a failed build.
+The supervisor runs a reload with new settings as one job (`reload_with`): `apply` puts
+them in every part that reads them, and returns the undo for a failed build.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class Settings:
 
 def apply(sup: ModelSupervisor, new: Settings) -> Callable[[], None]:
     """Put `new` in every part of the supervisor that reads the model's settings; returns
-    the undo. The strategy follows `strategy`; the worker factory spawns with the new
-    section, the router takes its limits."""
+    the undo (which acts once). The strategy follows `strategy`; the worker factory spawns
+    with the new section, the router takes its limits."""
     before = Settings(sup.model, sup.ignore)
     strategy_before = sup.strategy
     _put(sup, new)
@@ -96,8 +96,9 @@ def apply(sup: ModelSupervisor, new: Settings) -> Callable[[], None]:
         sup.standby.strategy = sup.strategy
 
     def undo() -> None:
-        _put(sup, before)
-        sup.strategy = sup.standby.strategy = strategy_before
+        if sup.model is new.model:
+            _put(sup, before)
+            sup.strategy = sup.standby.strategy = strategy_before
 
     return undo
 
@@ -130,25 +131,13 @@ async def reload_with(sup: ModelSupervisor, job: ReloadJob, reload: Reload) -> R
     died or wedged during the build): that one comes back as it was. The standby goes once
     the new settings serve: it was started with the old ones (the next starts after the job)."""
     old, undo = sup.record.serving, apply(sup, job.settings)
-    undone = False
-
-    def put_back() -> None:
-        nonlocal undone
-        if not undone:
-            undone = True
-            undo()
-
-    def before_restart() -> None:
-        if sup.record.serving is old:
-            put_back()
-
-    sup.recovery.before_restart = before_restart
+    sup.recovery.before_restart = lambda: undo() if sup.record.serving is old else None
     try:
         outcome = await reload(job, fresh_worker(sup))
     finally:
         sup.recovery.before_restart = None
         if sup.record.serving is old or sup.record.serving is None:
-            put_back()
-    if not undone:
+            undo()
+    if sup.model is job.settings.model:  # they serve
         await sup.standby.discard()
     return outcome

@@ -295,16 +295,13 @@ class ModelState:
 
         async def digest() -> dict[str, Any]:
             r = await phases.digest(worker, load_s)
-            current.digest, current.adapters = (
-                r.get("digest"),
-                r.get("adapters") or current.adapters,
-            )
-            current.digest_pending = False
+            current.digest, current.digest_pending = r.get("digest"), False
+            current.adapters = r.get("adapters") or current.adapters
             if current.block is not None and isinstance(r.get("block_leaves"), dict):
                 current.block.descriptor["leaves"] = r["block_leaves"]  # for the next mapper
             pushes.keep_leaves(current.overlays, r.get("overlay_leaves"))
             hashed = r.get("hashed_bytes")
-            size = f", {hashed / 2**20:.1f} MiB hashed" if isinstance(hashed, int) else ""
+            size = f", {phases.size_text(hashed)} hashed" if isinstance(hashed, int) else ""
             return {"detail": f"weights {current.digest} (hashed while it served{size})"}
 
         try:
