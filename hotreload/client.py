@@ -6,8 +6,8 @@
 
 Outputs come back as numpy arrays (a dict or tuple when the model returns one). No torch
 import here: a client process stays light. A trainer pushes weights from memory with
-`update_weights` (a memfd, or CUDA IPC handles for GPU tensors: `protocol/shared_state.py`),
-and reads from that version on with `infer(..., min_version=v)`.
+`update_weights` (a memfd, or CUDA chunks by IPC handle for GPU tensors:
+`protocol/shared_state.py`), and reads from that version on with `infer(..., min_version=v)`.
 """
 
 from __future__ import annotations
@@ -231,7 +231,9 @@ class Client:
         of `model`; returns `{"version": v, "digest": "sha256:...", ...}` once it serves.
 
         The tensors do not cross the socket: CPU ones are written once into a sealed memfd,
-        CUDA ones go by IPC handle (same machine, a GPU both see). Frozen parameters
+        CUDA ones are copied on their device into a few chunks that go by IPC handle, one
+        each (same machine, a GPU both see; the copy takes their bytes again on that
+        device until the worker has read them). Frozen parameters
         unchanged since the push that made the serving weights are not sent (torch's
         in-place version counter tells; pass `model.state_dict(keep_vars=True)`, where
         they show as frozen; `full=True` sends all): a LoRA push costs its adapter.
@@ -245,10 +247,7 @@ class Client:
         lane = self._lane(model)
         with lane.lock:
             baseline = lane.baseline
-        entry = pack_push(
-            model, state, baseline, strict=strict, full=full, timeout_s=timeout_s,
-            copy_cuda=not wait,
-        )  # fmt: skip
+        entry = pack_push(model, state, baseline, strict=strict, full=full, timeout_s=timeout_s)
         now = lane.submit(entry)
         handle = entry.handle
         if not wait:
@@ -439,9 +438,8 @@ class AsyncClient:
         with lane.lock:
             baseline = lane.baseline
         entry = await asyncio.to_thread(
-            pack_push, model, state, baseline, strict=strict, full=full, timeout_s=timeout_s,
-            copy_cuda=not wait,
-        )  # fmt: skip
+            pack_push, model, state, baseline, strict=strict, full=full, timeout_s=timeout_s
+        )
         lane.submit(entry)
         handle = entry.handle
         if not wait:

@@ -148,25 +148,16 @@ def pack_push(
     strict: bool,
     full: bool,
     timeout_s: float | None,
-    copy_cuda: bool,
 ) -> PushEntry:
-    """Plan and pack one push (on the caller's thread: the hand-over). `copy_cuda`: CUDA
-    tensors go as copies of their own (a push not waited for must not be read while the
-    trainer writes the tensors it shares by IPC handle)."""
+    """Plan and pack one push (on the caller's thread: the hand-over). The packed state
+    holds the tensors' bytes as they are now (host ones in a sealed memfd, CUDA ones in
+    chunks copied on their device), so the trainer may write its tensors once it returns."""
     plan = plan_push(state, baseline, strict=strict, full=full)
-    send = plan.send
-    if copy_cuda:
-        send = {k: _cuda_copy(v) for k, v in send.items()}
-    packed = pack_state(send)
+    packed = pack_state(plan.send)
     sent = int(packed.descriptor.get("size") or 0) + sum(
         int(t["nbytes"]) for t in packed.descriptor["tensors"] if t["via"] == "cuda_ipc"
     )
     return PushEntry(PushHandle(model, plan, sent), packed, plan, timeout_s)
-
-
-def _cuda_copy(value: Any) -> Any:
-    device = getattr(getattr(value, "device", None), "type", "cpu")
-    return value.detach().clone() if device == "cuda" else value
 
 
 def reply_of(entry: PushEntry, frame: Frame) -> dict[str, Any]:

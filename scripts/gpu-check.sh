@@ -4,7 +4,9 @@
 #      weights read straight onto the device, pushes over CUDA IPC and a memfd, code edits
 #      sharing the device weights);
 #   2. `hotreload doctor`, for the record;
-#   3. one real reload loop of the example model on CUDA.
+#   3. one real reload loop of the example model on CUDA;
+#   4. benchmarks/cuda_chunks.py: 2,000 CUDA tensors pushed by one handle each (torch's
+#      own IPC) and by hotreload's chunks, side by side (figures only, never a failure).
 # Usage: scripts/gpu-check.sh            (from anywhere; uses .venv/bin/python if present)
 set -euo pipefail
 
@@ -31,4 +33,6 @@ step 200 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
 step 30 "$PY" -m hotreload doctor || echo "gpu-check: doctor reported a FAIL (see above)"
 HOTRELOAD_DEVICE=cuda:0 step 100 "$PY" -m hotreload check \
   --config examples/mlp/hotreload.toml --reloads 3
+step 120 "$PY" benchmarks/cuda_chunks.py --tensors 2000 --mib 256 \
+  || echo "gpu-check: benchmarks/cuda_chunks.py did not finish (see above)"
 echo "gpu-check: all GPU checks passed"

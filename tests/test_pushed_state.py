@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from hotreload.protocol import shared_state
 from hotreload.protocol.shared_state import ALIGN, pack_state, validate_descriptor
 from hotreload.worker.pushed_state import read_state
 from hotreload.worker.weights_digest import state_digest
@@ -118,7 +119,10 @@ def test_parameters_that_require_grad_are_pushed_as_plain_data() -> None:
 def test_empty_state() -> None:
     with pack_state({}) as packed:
         d = packed.descriptor
-        assert d == {"kind": "memfd", "path": None, "memfd_name": None, "size": 0, "tensors": []}
+        assert d == {
+            "kind": "memfd", "path": None, "memfd_name": None, "size": 0,
+            "chunks": [], "tensors": [],
+        }  # fmt: skip
         validate_descriptor(d)
         assert read_state(d, "cpu") == {}
 
@@ -285,142 +289,187 @@ def test_permission_denied_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
             read_state(packed.descriptor, "cpu")
 
 
-def test_a_cuda_handle_without_cuda_here_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pack_state({"g": _FakeCudaTensor()}) as packed:
-        d = packed.descriptor
-    with pytest.raises(ValueError, match="has no CUDA device"):
-        read_state(d, "cpu")
-
-
 # ----------------------------------------------------------------------------- CUDA IPC, faked
 
 
-class _FakeStorage:
-    def _share_cuda_(self) -> tuple[Any, ...]:
-        return (0, b"\x01" * 64, 4096, 512, b"/torch_1_2_3", 7, b"\x02" * 64, True)
+class _FakeIpc:
+    """torch's three IPC calls, faked with CPU memory where no GPU is: `_share_cuda_` keeps
+    the storage it shares and hands out a handle naming it, `_new_shared_cuda` gives that
+    storage back, `_release_ipc_counter` records a count given back. Everything else is
+    real: the tensors' copies into chunks, the descriptor, the views and the copies out.
+    A tensor is "on the GPU" when it carries `on_gpu = True`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.shared: list[torch.UntypedStorage] = []
+        self.opened: list[int] = []
+        self.released: list[int] = []
+        real = shared_state._device_type
+        monkeypatch.setattr(
+            shared_state, "_device_type", lambda v: "cuda" if getattr(v, "on_gpu", 0) else real(v)
+        )
+        share = self._share  # a plain function on the class: called with the storage
+        monkeypatch.setattr(torch.UntypedStorage, "_share_cuda_", lambda st: share(st))
+        monkeypatch.setattr(torch.UntypedStorage, "_new_shared_cuda", self._open, raising=False)
+        monkeypatch.setattr(
+            torch.UntypedStorage, "_release_ipc_counter", self._release, raising=False
+        )
+        props = type("P", (), {"uuid": "GPU-fake"})()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+        monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: None)
+
+    def _share(self, storage: torch.UntypedStorage) -> tuple[Any, ...]:
+        i = len(self.shared)
+        self.shared.append(storage)
+        ref = f"/torch_ref_{i}".encode()
+        return (0, f"mem-{i}".encode(), storage.nbytes(), 0, ref, 8 * i, b"event", True)
+
+    def _open(self, *args: Any) -> torch.UntypedStorage:
+        index, handle, size, offset, ref, ref_offset, event, sync = args
+        i = int(handle.decode().removeprefix("mem-"))
+        assert (index, size, offset, ref, ref_offset, event, sync) == (
+            0, self.shared[i].nbytes(), 0, f"/torch_ref_{i}".encode(), 8 * i, b"event", True,
+        )  # fmt: skip
+        self.opened.append(i)
+        return self.shared[i]
+
+    def _release(self, handle: bytes, offset: int, device: int | None = None) -> None:
+        self.released.append(int(handle.decode().removeprefix("/torch_ref_")))
 
 
-class _FakeCudaTensor:
-    """Duck-types a CUDA tensor: what pack_state asks of one, no GPU needed."""
-
-    dtype = "torch.float32"
-    shape = (4, 8)
-    device = type("D", (), {"type": "cuda", "index": 0})()
-
-    def detach(self) -> _FakeCudaTensor:
-        return self
-
-    def untyped_storage(self) -> _FakeStorage:
-        return _FakeStorage()
-
-    def storage_offset(self) -> int:
-        return 16
-
-    def stride(self) -> tuple[int, ...]:
-        return (8, 1)
+def _on_gpu(t: torch.Tensor) -> torch.Tensor:
+    t.on_gpu = True  # type: ignore[attr-defined]
+    return t
 
 
-def _cuda_descriptor() -> dict[str, Any]:
-    with pack_state({"gpu": _FakeCudaTensor(), "cpu": np.ones(3, np.float32)}) as packed:
-        return copy.deepcopy(packed.descriptor)
-
-
-def test_cuda_tensors_travel_by_handle_next_to_memfd_ones() -> None:
-    d = _cuda_descriptor()
-    validate_descriptor(d)
-    assert d["kind"] == "mixed"
-    gpu, cpu = d["tensors"]
-    assert cpu["via"] == "memfd" and cpu["offset"] == 0
-    assert gpu["via"] == "cuda_ipc" and gpu["device"] == 0
-    assert (gpu["storage_offset"], gpu["stride"], gpu["nbytes"]) == (16, [8, 1], 128)
-    assert gpu["handle"] == {
-        "handle": "AQEB" * 21 + "AQ==",
-        "storage_size_bytes": 4096,
-        "storage_offset_bytes": 512,
-        "ref_counter_handle": "L3RvcmNoXzFfMl8z",
-        "ref_counter_offset": 7,
-        "event_handle": "AgIC" * 21 + "Ag==",
-        "event_sync_required": True,
+def _gpu_state(n: int = 300) -> dict[str, torch.Tensor]:
+    """A model-like state: many small tensors of every dtype, and the awkward ones."""
+    state = {
+        f"layer{i}.weight": _sample(DTYPES[i % len(DTYPES)], (3, i % 7 + 1), i) for i in range(n)
     }
-    with pack_state({"g": _FakeCudaTensor()}) as only:
-        assert only.descriptor["kind"] == "cuda_ipc" and only.descriptor["path"] is None
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state |= {
+        "view": base[1:, ::2],  # not contiguous: gathered by the copy into the chunk
+        "scalar": torch.tensor(2.5, dtype=torch.bfloat16),
+        "empty": torch.zeros(0, 3),
+        "param": torch.nn.Parameter(torch.ones(5)),  # requires grad
+    }
+    return {k: _on_gpu(v) for k, v in state.items()}
 
 
-def test_a_cuda_handle_is_opened_with_its_fields_and_the_view_copied(
+def test_cuda_tensors_travel_in_one_chunk_by_one_handle(monkeypatch: pytest.MonkeyPatch) -> None:
+    ipc = _FakeIpc(monkeypatch)
+    state = _gpu_state()
+    expected = {k: v.detach().clone() for k, v in state.items()}
+    with pack_state(state | {"host": np.ones(3, np.float32)}) as packed:
+        d = json.loads(json.dumps(packed.descriptor))
+        for t in state.values():  # the trainer's next step: the push keeps what was packed
+            t.data.fill_(0)
+        validate_descriptor(d)
+        out = read_state(d, "cpu")
+    assert d["kind"] == "mixed" and len(d["chunks"]) == 1 and len(ipc.shared) == 1
+    assert ipc.opened == [0] and ipc.released == []  # opened once, for all 304 tensors
+    gpu = [t for t in d["tensors"] if t["via"] == "cuda_ipc"]
+    assert all(t["offset"] % 512 == 0 for t in gpu)
+    assert {t["name"]: t["chunk"] for t in gpu}["empty"] is None
+    assert d["chunks"][0]["device_uuid"] == "GPU-fake"
+    for name, want in expected.items():
+        assert _same(out[name], want), name
+        assert out[name].untyped_storage().data_ptr() != ipc.shared[0].data_ptr()
+    assert state_digest(out) == state_digest({**expected, "host": torch.ones(3)})
+
+
+def test_chunks_fill_up_to_their_size_and_each_opens_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The reader's half of CUDA IPC without a GPU: torch's opening faked by a CPU storage,
-    everything else (decoding the handle, the view over the storage, the copy) real."""
-    backing = torch.arange(1024, dtype=torch.float32)
-    opened: list[tuple[Any, ...]] = []
+    from hotreload.protocol import cuda_chunks
 
-    def new_shared_cuda(*args: Any) -> torch.UntypedStorage:
-        opened.append(args)
-        return backing.untyped_storage()
-
-    props = type("P", (), {"uuid": "GPU-fake"})()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
-    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: None)
-    monkeypatch.setattr(torch.UntypedStorage, "_new_shared_cuda", new_shared_cuda)
-    with pack_state({"g": _FakeCudaTensor()}) as packed:
-        d = copy.deepcopy(packed.descriptor)
-    d["tensors"][0]["device"], d["tensors"][0]["device_uuid"] = 3, "GPU-fake"
-    out = read_state(d, "cpu")
-    assert _same(out["g"], backing[16:48].reshape(4, 8))
-    backing.zero_()
-    assert out["g"][0, 0].item() == 16.0  # a copy of the worker's own
-    # The trainer's index 3 is this process's 0 (found by UUID); bytes decoded back.
-    assert opened == [(0, b"\x01" * 64, 4096, 512, b"/torch_1_2_3", 7, b"\x02" * 64, True)]
-    d["tensors"][0]["device_uuid"] = "GPU-other"
-    with pytest.raises(ValueError, match="GPU-other, which this worker cannot see"):
-        read_state(d, "cpu")
-
-
-class _Recorder:
-    """Stands in for the torch module of a fake CUDA tensor: records counts given back."""
-
-    released: list[tuple[bytes, int]]
-
-    class UntypedStorage:
-        @staticmethod
-        def _release_ipc_counter(handle: bytes, offset: int, device: int | None = None) -> None:
-            _Recorder.released.append((handle, offset))
-
-
-class _RecordedCudaTensor(_FakeCudaTensor):
-    shared = 0
-
-    def untyped_storage(self) -> _FakeStorage:
-        _RecordedCudaTensor.shared += 1
-        return _FakeStorage()
+    ipc = _FakeIpc(monkeypatch)
+    monkeypatch.setattr(cuda_chunks, "CHUNK_BYTES", 4096)
+    state = {f"t{i}": _on_gpu(torch.full((250,), float(i))) for i in range(6)}  # 1000 B each
+    state["big"] = _on_gpu(torch.arange(2500, dtype=torch.float32))  # 10000 B: its own chunk
+    state["last"] = _on_gpu(torch.ones(10))
+    with pack_state(state) as packed:
+        d = packed.descriptor
+        placed = {t["name"]: (t["chunk"], t["offset"]) for t in d["tensors"]}
+        assert placed == {
+            "t0": (0, 0), "t1": (0, 1024), "t2": (0, 2048), "t3": (0, 3072),
+            "t4": (1, 0), "t5": (1, 1024), "big": (2, 0), "last": (3, 0),
+        }  # fmt: skip
+        assert [c["size"] for c in d["chunks"]] == [4072, 2024, 10000, 40]
+        out = read_state(d, "cpu")
+    assert ipc.opened == [0, 1, 2, 3]
+    for name, want in state.items():
+        assert _same(out[name], want.detach()), name
 
 
 def test_a_state_never_sent_gives_its_ipc_counts_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "faketorch", _Recorder)
-    monkeypatch.setattr(_RecordedCudaTensor, "__module__", "faketorch")
-    monkeypatch.setattr(_Recorder, "released", [], raising=False)
-    monkeypatch.setattr(_RecordedCudaTensor, "shared", 0)
-    # A bad value anywhere: refused before any tensor is shared (nothing to give back).
+    ipc = _FakeIpc(monkeypatch)
+    # A bad value anywhere: refused before any chunk is shared (nothing to give back).
     with pytest.raises(ValueError, match="complex64"):
-        pack_state({"g": _RecordedCudaTensor(), "c": torch.zeros(1, dtype=torch.complex64)})
-    assert _RecordedCudaTensor.shared == 0
-    packed = pack_state({"g": _RecordedCudaTensor(), "h": np.ones(2, np.float32)})
-    assert _RecordedCudaTensor.shared == 1
+        pack_state({"g": _on_gpu(torch.ones(2)), "c": torch.zeros(1, dtype=torch.complex64)})
+    assert ipc.shared == []
+    packed = pack_state({"g": _on_gpu(torch.ones(4)), "h": np.ones(2, np.float32)})
+    assert len(ipc.shared) == 1
     packed.abandon()
-    assert _Recorder.released == [(b"/torch_1_2_3", 7)]
+    assert ipc.released == [0]
     assert packed.fd is None
+
+
+def test_a_read_that_stops_gives_back_the_counts_of_chunks_not_opened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hotreload.protocol import cuda_chunks
+
+    ipc = _FakeIpc(monkeypatch)
+    monkeypatch.setattr(cuda_chunks, "CHUNK_BYTES", 1024)
+    state = {f"t{i}": _on_gpu(torch.ones(200)) for i in range(3)}  # one chunk each
+    with pack_state(state) as packed:
+        d = copy.deepcopy(packed.descriptor)
+    d["chunks"][1]["device_uuid"] = "GPU-other"
+    with pytest.raises(ValueError, match="GPU-other, which this worker cannot see"):
+        read_state(d, "cpu")
+    # Chunk 0 was opened and read (its mapping dropped); 1 failed to open and 2 never was.
+    assert ipc.opened == [0] and ipc.released == [1, 2]
+
+
+def test_a_cuda_push_without_cuda_here_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    _FakeIpc(monkeypatch)
+    with pack_state({"g": _on_gpu(torch.ones(3))}) as packed:
+        d = copy.deepcopy(packed.descriptor)
+    assert d["kind"] == "cuda_ipc" and d["path"] is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="has no CUDA device"):
+        read_state(d, "cpu")
 
 
 # ----------------------------------------------------------------------------- validation
 
 
 def _valid() -> dict[str, Any]:
-    d = _cuda_descriptor()
-    d["path"], d["memfd_name"] = "/proc/123/fd/4", "hotreload-state-0123456789abcdef"
-    return d
+    handle = {
+        "handle": "bWVtLTA=",
+        "storage_size_bytes": 640,
+        "storage_offset_bytes": 0,
+        "ref_counter_handle": "L3RvcmNoX3JlZl8w",
+        "ref_counter_offset": 0,
+        "event_handle": "ZXZlbnQ=",
+        "event_sync_required": True,
+    }
+    return {
+        "kind": "mixed",
+        "path": "/proc/123/fd/4",
+        "memfd_name": "hotreload-state-0123456789abcdef",
+        "size": 12,
+        "chunks": [{"device": 0, "device_uuid": "GPU-fake", "size": 640, "handle": handle}],
+        "tensors": [
+            {"name": "gpu", "dtype": "float32", "shape": [4, 8], "nbytes": 128,
+             "via": "cuda_ipc", "chunk": 0, "offset": 512},
+            {"name": "cpu", "dtype": "float32", "shape": [3], "nbytes": 12,
+             "via": "memfd", "offset": 0},
+        ],
+    }  # fmt: skip
 
 
 def _set(path: str, value: Any) -> Any:
@@ -455,15 +504,22 @@ MALFORMED = [
     (_set("tensors.1.offset", 8), "offset must be a multiple of 64"),
     (_set("tensors.1.offset", 64), "run past the end of the memfd"),
     (_set("tensors.1.via", "socket"), "via must be one of memfd, cuda_ipc"),
-    (_set("tensors.0.device", -1), "device must be a CUDA device index"),
-    (_set("tensors.0.stride", [8]), "stride must be 2 integers"),
-    (_set("tensors.0.storage_offset", 1.5), "storage_offset must be an integer"),
-    (_set("tensors.0.handle", "abc"), "handle must be an object"),
-    (_set("tensors.0.handle.handle", "not base64!"), "handle.handle must be base64"),
-    (_set("tensors.0.handle.handle", None), "handle.handle is null"),
-    (_set("tensors.0.handle.event_sync_required", 1), "event_sync_required must be true"),
-    (_set("tensors.0.handle.storage_size_bytes", 100), "past the shared storage"),
-    (_set("tensors.0.stride", [800, 1]), "past the shared storage"),
+    (_set("chunks", {}), "state.chunks must be a list"),
+    (lambda d: d["chunks"].__setitem__(0, 1), "state.chunks[0] must be an object"),
+    (_set("chunks.0.device", -1), "device must be a CUDA device index"),
+    (_set("chunks.0.device_uuid", 5), "device_uuid must be a string or null"),
+    (_set("chunks.0.size", 0), "size must be a byte count > 0"),
+    (_set("chunks.0.handle", "abc"), "handle must be an object"),
+    (_set("chunks.0.handle.handle", "not base64!"), "handle.handle must be base64"),
+    (_set("chunks.0.handle.handle", None), "handle.handle must be base64"),
+    (_set("chunks.0.handle.event_sync_required", 1), "event_sync_required must be true"),
+    (_set("chunks.0.handle.storage_size_bytes", 100), "fewer than the chunk's 640"),
+    (_set("tensors.0.chunk", 1), "chunk must index state.chunks"),
+    (_set("tensors.0.chunk", None), "only an empty tensor has no chunk"),
+    (_set("tensors.0.offset", 256), "offset must be a multiple of 512"),
+    (_set("tensors.0.offset", 1024), "run past the end of chunk 0"),
+    (_set("tensors.0.via", "memfd"), "run past the end of the memfd"),
+    (lambda d: d["chunks"].append(d["chunks"][0]), "state.chunks[1] holds no tensor"),
 ]
 
 
@@ -620,6 +676,7 @@ _CUDA_SENDER = textwrap.dedent(
     a = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6)
     state = {"a": a, "view": a[1:, ::2], "bf": torch.full((5,), 1.5, dtype=torch.bfloat16,
              device="cuda"), "host": torch.arange(3), "empty": torch.zeros(0, device="cuda")}
+    state |= {f"p{i}": torch.full((i % 50 + 1,), float(i), device="cuda") for i in range(2000)}
     # Two packs, one per read: each IPC handle counts exactly one reader.
     packs = [pack_state(state), pack_state(state)]
     for p in packs:
@@ -648,6 +705,7 @@ def test_cuda_tensors_are_read_from_another_process_by_ipc_handle() -> None:
         for_gpu, for_cpu = (json.loads(sender.stdout.readline()) for _ in range(2))
         validate_descriptor(for_gpu)
         assert for_gpu["kind"] == "mixed"
+        assert len(for_gpu["chunks"]) == 1  # 2,004 CUDA tensors, one IPC handle
         assert {t["name"]: t["via"] for t in for_gpu["tensors"]}["host"] == "memfd"
         on_gpu = read_state(for_gpu, "cuda:0")
         on_cpu = read_state(for_cpu, "cpu")
@@ -666,6 +724,7 @@ def test_cuda_tensors_are_read_from_another_process_by_ipc_handle() -> None:
         "host": torch.arange(3),
         "empty": torch.zeros(0),
     }
+    expected |= {f"p{i}": torch.full((i % 50 + 1,), float(i)) for i in range(2000)}
     for name, want in expected.items():
         assert on_gpu[name].device.type == "cuda"
         assert _same(on_gpu[name].cpu(), want), name

@@ -1,10 +1,11 @@
 """A state dict handed to the worker through memory, not through the socket.
 
 `pack_state` writes the CPU tensors of a state (numpy arrays or torch tensors, duck-typed:
-no torch import) into one sealed memfd and describes CUDA tensors by torch's own IPC
-handles; the header of the `update_weights` request carries the `descriptor`, a plain
-JSON object, and no payload. The worker opens `/proc/<pid>/fd/<fd>` (its own reference to
-the same memory, alive after the client closes its fd) and copies each tensor once.
+no torch import) into one sealed memfd, and copies its CUDA tensors into a few chunks on
+their device, each shared by one CUDA IPC handle (`cuda_chunks.py`); the header of the
+`update_weights` request carries the `descriptor`, a plain JSON object, and no payload.
+The worker opens `/proc/<pid>/fd/<fd>` (its own reference to the same memory, alive after
+the client closes its fd) and maps it, or copies each tensor once.
 
 Descriptor (JSON; `validate_descriptor` checks every field):
 
@@ -12,18 +13,15 @@ Descriptor (JSON; `validate_descriptor` checks every field):
      "path": "/proc/<pid>/fd/<fd>" | null,     # null when no tensor goes via the memfd
      "memfd_name": "hotreload-state-<16 hex>" | null,
      "size": <bytes of the memfd, 0 when none>,
+     "chunks": [{"device", "device_uuid", "size", "handle": {...}}],   # [] when no CUDA
      "tensors": [
        {"name", "dtype", "shape", "nbytes", "via": "memfd", "offset"},
-       {"name", "dtype", "shape", "nbytes", "via": "cuda_ipc", "device", "device_uuid",
-        "storage_offset", "stride", "handle": {...}}]}
+       {"name", "dtype", "shape", "nbytes", "via": "cuda_ipc", "chunk", "offset"}]}
 
 `dtype` is a wire name (`tensors.WIRE_DTYPES`: bool, uint8, int8..int64, float16/32/64,
 bfloat16); bytes are little-endian, C-contiguous, each memfd tensor at a 64-byte aligned
-`offset` (oneDNN takes another code path, with other rounding, for unaligned data).
-`handle` holds the fields of `storage._share_cuda_()` by name, bytes as base64:
-`handle`, `storage_size_bytes`, `storage_offset_bytes`, `ref_counter_handle`,
-`ref_counter_offset`, `event_handle`, `event_sync_required`; `storage_offset` and
-`stride` (elements) place the tensor in that storage, as torch's own IPC does.
+`offset` (oneDNN takes another code path, with other rounding, for unaligned data), each
+CUDA one at a 512-byte aligned `offset` in its chunk.
 
 Why the random `memfd_name`: a path `/proc/<pid>/fd/<n>` names whatever the client has open
 as fd n *now*. After a client timed out and closed the memfd, n may be another file, even
@@ -34,7 +32,6 @@ worker reads them, so it reads a consistent state and can never fault on a shrun
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import math
 import os
@@ -47,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from hotreload.protocol import cuda_chunks
 from hotreload.protocol.tensors import BF16, MAX_RANK, WIRE_DTYPES
 
 #: Every memfd tensor starts on this boundary (framing.PAYLOAD_ALIGN's reason, too).
@@ -57,16 +55,6 @@ REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 #: Wire dtypes a state may hold (all fixed-size ones; strings are no weights).
 STATE_DTYPES = tuple(WIRE_DTYPES)
 VIAS = ("memfd", "cuda_ipc")
-#: The `_share_cuda_()` tuple after its device, in order: name -> bytes field?
-HANDLE_FIELDS: dict[str, bool] = {
-    "handle": True,
-    "storage_size_bytes": False,
-    "storage_offset_bytes": False,
-    "ref_counter_handle": True,
-    "ref_counter_offset": False,
-    "event_handle": True,
-    "event_sync_required": False,
-}
 _PATH_RE = re.compile(r"/proc/([0-9]+)/fd/([0-9]+)")
 _NAME_RE = re.compile(re.escape(MEMFD_PREFIX) + r"[0-9a-f]{16}")
 #: One write(2) moves at most this much (Linux caps a call at 2 GiB - 4 KiB).
@@ -80,7 +68,7 @@ class PackedState:
 
     descriptor: dict[str, Any]
     fd: int | None = None
-    #: The CUDA tensors described by IPC handles, alive until close (the worker maps them).
+    #: The CUDA chunks shared by IPC handles, alive until close (the worker maps them).
     _keep: list[Any] = field(default_factory=list, repr=False)
 
     def close(self) -> None:
@@ -92,21 +80,10 @@ class PackedState:
     def abandon(self) -> None:
         """Close a state whose descriptor was never sent. Each CUDA IPC handle counts one
         reader to come; none will, so the counts are given back here, or torch would keep
-        those blocks of the trainer's (in its "limbo") after the tensors are freed."""
+        those chunks on the trainer's GPU (in its "limbo") after they are freed."""
         keep, self._keep = self._keep, []
-        torch = _torch_of(keep[0]) if keep else None
-        for entry in self.descriptor["tensors"]:
-            ref = (entry.get("handle") or {}).get("ref_counter_handle")
-            if torch is None or entry.get("via") != "cuda_ipc" or ref is None:
-                continue
-            try:
-                torch.UntypedStorage._release_ipc_counter(
-                    base64.b64decode(ref),
-                    entry["handle"]["ref_counter_offset"],
-                    device=entry["device"],
-                )
-            except Exception:
-                pass  # best effort: at worst, the memory waits for the trainer's exit
+        if keep:
+            cuda_chunks.release(_torch_of(keep[0]), self.descriptor.get("chunks") or [])
         self.close()
 
     def __enter__(self) -> PackedState:
@@ -185,40 +162,12 @@ def _dtype_message(name: str, dtype: str) -> str:
     )
 
 
-def _b64(value: Any) -> str | None:
-    return None if value is None else base64.b64encode(bytes(value)).decode("ascii")
-
-
 def _device_uuid(tensor: Any, index: int) -> str | None:
     """The GPU's UUID, so a worker with other CUDA_VISIBLE_DEVICES finds the same device."""
     try:
         return str(_torch_of(tensor).cuda.get_device_properties(index).uuid)
     except Exception:
         return None
-
-
-def _cuda_entry(name: str, tensor: Any) -> dict[str, Any]:
-    dtype = _wire_dtype(name, tensor)
-    t = tensor.detach()
-    share = t.untyped_storage()._share_cuda_()
-    device = int(share[0])
-    handle = {
-        key: (_b64(v) if is_bytes else v)
-        for (key, is_bytes), v in zip(HANDLE_FIELDS.items(), share[1:], strict=True)
-    }
-    shape = [int(d) for d in t.shape]
-    return {
-        "name": name,
-        "dtype": dtype,
-        "shape": shape,
-        "nbytes": math.prod(shape) * WIRE_DTYPES[dtype].itemsize,
-        "via": "cuda_ipc",
-        "device": device,
-        "device_uuid": _device_uuid(tensor, device),
-        "storage_offset": int(t.storage_offset()),
-        "stride": [int(s) for s in t.stride()],
-        "handle": handle,
-    }
 
 
 def _write_all(fd: int, data: memoryview, offset: int) -> None:
@@ -231,9 +180,10 @@ def pack_state(state: Mapping[str, Any], *, cuda_ipc: bool = True) -> PackedStat
     """Pack `state` (name -> torch tensor or numpy array) for an `update_weights` request.
 
     Host tensors are written once, straight from their memory (a copy first only for a
-    non-contiguous one), into one memfd that is then sealed; CUDA tensors are described
-    by IPC handles (`cuda_ipc=False`: copied to the host into the memfd instead, for a
-    worker that cannot map the trainer's device)."""
+    non-contiguous one), into one memfd that is then sealed; CUDA tensors are copied into
+    chunks on their device, one IPC handle each (`cuda_ipc=False`: copied to the host
+    into the memfd instead, for a worker that cannot map the trainer's device). Either
+    way the push holds the bytes the tensors had when this returns."""
     # Every name and dtype is checked before anything is shared: an IPC handle taken for
     # a request that is never sent holds the trainer's memory until it is given back.
     for name, value in state.items():
@@ -242,9 +192,11 @@ def pack_state(state: Mapping[str, Any], *, cuda_ipc: bool = True) -> PackedStat
         _wire_dtype(name, value)
     entries: list[dict[str, Any]] = []
     descriptor = {"kind": "memfd", "path": None, "memfd_name": None, "size": 0}
-    packed = PackedState(descriptor | {"tensors": entries})
+    packed = PackedState(descriptor | {"chunks": [], "tensors": entries})
     try:
-        host = _describe(state, cuda_ipc, packed)
+        host, gpu = _describe(state, cuda_ipc, packed)
+        if gpu:
+            _share_chunks(packed, gpu)
         if host:
             _write_memfd(packed, host)
     except BaseException:
@@ -255,30 +207,42 @@ def pack_state(state: Mapping[str, Any], *, cuda_ipc: bool = True) -> PackedStat
     return packed
 
 
+_Items = list[tuple[dict[str, Any], Any]]
+
+
 def _describe(
     state: Mapping[str, Any], cuda_ipc: bool, packed: PackedState
-) -> list[tuple[dict[str, Any], Any]]:
-    """Fill in the descriptor's entries (sharing the CUDA tensors); returns the entries
-    to write into the memfd, with their values."""
+) -> tuple[_Items, _Items]:
+    """Fill in the descriptor's entries; returns the entries to write into the memfd and
+    those to copy into CUDA chunks, each with its value."""
     entries = packed.descriptor["tensors"]
-    host: list[tuple[dict[str, Any], Any]] = []
+    host: _Items = []
+    gpu: _Items = []
     cursor = 0
     for name, value in state.items():
-        if _device_type(value) == "cuda" and cuda_ipc:
-            entries.append(_cuda_entry(name, value))
-            packed._keep.append(value)
-            continue
-        offset = -(-cursor // ALIGN) * ALIGN
         # The array (and any copy) is made at write time, so one copy lives at a time.
         dtype, shape = _wire_dtype(name, value), _shape(value)
         nbytes = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
         entry = {"name": name, "dtype": dtype, "shape": shape, "nbytes": nbytes}
-        entry |= {"via": "memfd", "offset": offset}
         entries.append(entry)
+        if _device_type(value) == "cuda" and cuda_ipc:
+            entry["via"] = "cuda_ipc"  # its chunk and offset: cuda_chunks.place
+            gpu.append((entry, value))
+            continue
+        offset = -(-cursor // ALIGN) * ALIGN
+        entry |= {"via": "memfd", "offset": offset}
         host.append((entry, value))
         cursor = offset + nbytes
     packed.descriptor["size"] = cursor
-    return host
+    return host, gpu
+
+
+def _share_chunks(packed: PackedState, gpu: _Items) -> None:
+    torch = _torch_of(gpu[0][1])
+    for members in cuda_chunks.place(gpu):
+        buf = cuda_chunks.fill(torch, members)
+        packed._keep.append(buf)
+        packed.descriptor["chunks"].append(cuda_chunks.describe(_device_uuid, buf))
 
 
 def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) -> None:
@@ -307,16 +271,6 @@ def _nonneg(value: Any) -> bool:
     return _is_int(value) and value >= 0
 
 
-def _b64_ok(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        base64.b64decode(value, validate=True)
-    except ValueError:
-        return False
-    return True
-
-
 def memfd_pid(descriptor: Mapping[str, Any]) -> int | None:
     """The pid in a (validated) descriptor's path: the process whose memfd it is."""
     m = _PATH_RE.fullmatch(str(descriptor.get("path") or ""))
@@ -335,10 +289,17 @@ def validate_descriptor(d: Any, *, peer_pid: int | None = None) -> None:
     size = d.get("size")
     if not _nonneg(size):
         raise ValueError(f"state.size must be a byte count (an integer >= 0), got {size!r}")
+    chunks = d.get("chunks", [])  # absent: no tensor goes via CUDA
+    cuda_chunks.check_chunks(chunks)
     names: set[str] = set()
     vias: set[str] = set()
     for i, t in enumerate(tensors):
-        vias.add(_check_entry(i, t, size, names))
+        vias.add(_check_entry(i, t, size, names, chunks))
+    used = {t["chunk"] for t in tensors if t["via"] == "cuda_ipc"}
+    for i in range(len(chunks)):
+        if i not in used:
+            # The worker would never open it, and its reader count never come back.
+            raise ValueError(f"state.chunks[{i}] holds no tensor; send only chunks in use")
     _check_memfd_fields(d, "memfd" in vias, peer_pid)
     kind = d.get("kind")
     want = "mixed" if len(vias) == 2 else (next(iter(vias)) if vias else "memfd")
@@ -372,7 +333,7 @@ def _check_memfd_fields(d: Mapping[str, Any], used: bool, peer_pid: int | None) 
         )
 
 
-def _check_entry(i: int, t: Any, size: int, names: set[str]) -> str:
+def _check_entry(i: int, t: Any, size: int, names: set[str], chunks: list[dict[str, Any]]) -> str:
     if not isinstance(t, dict):
         raise ValueError(f"state.tensors[{i}] must be an object")
     name = t.get("name")
@@ -405,50 +366,7 @@ def _check_entry(i: int, t: Any, size: int, names: set[str]) -> str:
                 f"memfd ({size} bytes)"
             )
     elif via == "cuda_ipc":
-        _check_cuda_entry(where, t, shape, WIRE_DTYPES[dtype].itemsize)
+        cuda_chunks.check_entry(where, t, chunks)
     else:
         raise ValueError(f"{where}: via must be one of {', '.join(VIAS)}, got {via!r}")
     return via
-
-
-def _check_cuda_entry(where: str, t: Mapping[str, Any], shape: list[int], itemsize: int) -> None:
-    device, uuid, offset, stride, handle = (
-        t.get(k) for k in ("device", "device_uuid", "storage_offset", "stride", "handle")
-    )
-    if not _nonneg(device):
-        raise ValueError(f"{where}: device must be a CUDA device index (>= 0), got {device!r}")
-    if uuid is not None and not isinstance(uuid, str):
-        raise ValueError(f"{where}: device_uuid must be a string or null, got {uuid!r}")
-    if not _nonneg(offset):
-        raise ValueError(f"{where}: storage_offset must be an integer >= 0, got {offset!r}")
-    if not isinstance(stride, list) or len(stride) != len(shape) or not all(map(_nonneg, stride)):
-        raise ValueError(
-            f"{where}: stride must be {len(shape)} integers >= 0 (one per dim), got {stride!r}"
-        )
-    if not isinstance(handle, dict):
-        raise ValueError(f"{where}: handle must be an object of _share_cuda_() fields")
-    for key, is_bytes in HANDLE_FIELDS.items():
-        v = handle.get(key)
-        if v is None:
-            continue  # an empty storage shares no memory: torch gives None for these
-        if is_bytes:
-            ok, kind = _b64_ok(v), "base64 text"
-        elif key == "event_sync_required":
-            ok, kind = isinstance(v, bool), "true or false"
-        else:
-            ok, kind = _nonneg(v), "an integer >= 0"
-        if not ok:
-            raise ValueError(f"{where}: handle.{key} must be {kind} or null, got {v!r}")
-    if math.prod(shape) == 0:
-        return
-    for key in ("handle", "storage_size_bytes", "ref_counter_handle", "event_handle"):
-        if handle.get(key) is None:
-            raise ValueError(f"{where}: handle.{key} is null, but the tensor has elements")
-    # The last element the view reaches must lie inside the shared storage: a wrong
-    # stride would otherwise read the trainer's neighbouring memory.
-    end = (offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1) * itemsize
-    if end > handle["storage_size_bytes"]:
-        raise ValueError(
-            f"{where}: shape {shape}, stride {stride} and storage_offset {offset} reach "
-            f"byte {end}, past the shared storage ({handle['storage_size_bytes']} bytes)"
-        )

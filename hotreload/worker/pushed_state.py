@@ -1,8 +1,9 @@
 """A state a client pushed (`protocol/shared_state.py`) into tensors this worker owns.
 
-CUDA tensors are copied once, into memory of the worker's own on its device: the trainer
-may free or overwrite them as soon as the reply is back, and a parameter left over the
-trainer's memory would change (or vanish) under a serving model.
+CUDA tensors come in a few chunks, one IPC handle each (protocol/cuda_chunks.py). Each
+chunk is opened once and each tensor copied out of it once, into memory of the worker's
+own on its device: the trainer frees its chunks as soon as the reply is back, and a
+parameter left over the trainer's memory would vanish under a serving model.
 
 memfd tensors for a CPU worker are not copied at all: the memfd is sealed against writes
 and resizing (checked before it is used), so its pages cannot change or go away, and the
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from hotreload.protocol import cuda_chunks
 from hotreload.protocol.shared_state import REQUIRED_SEALS, validate_descriptor
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -54,24 +56,21 @@ def read_state(
     validation is left untouched (its handles cannot be trusted to give counts back)."""
     validate_descriptor(descriptor)
     target = torch.device(device)
-    entries = descriptor["tensors"]
     out: dict[str, torch.Tensor] = {}
-    started = 0  # entries taken in hand: an IPC one releases itself if it fails unopened
+    chunks = _Chunks(descriptor)
     try:
         with _opened_memfd(descriptor) as fd:
             mapped = _map(fd, descriptor) if fd is not None and target.type == "cpu" else None
-            for entry in entries:
-                started += 1
+            for entry in descriptor["tensors"]:
                 if entry["via"] == "memfd" and mapped is not None:
                     out[entry["name"]] = _mapped_tensor(mapped, entry)
                 elif entry["via"] == "memfd":
                     assert fd is not None  # validate_descriptor: a memfd tensor has a path
                     out[entry["name"]] = _read_memfd_tensor(fd, entry, target)
                 else:
-                    out[entry["name"]] = _copy_ipc_tensor(entry, target)
+                    out[entry["name"]] = chunks.copy(entry, target)
     finally:
-        if started < len(entries):
-            _release_unopened(entries[started:])
+        chunks.close()
     if target.type == "cuda":
         # The copies ran on this thread's stream; the version may serve on another.
         torch.cuda.current_stream(target).synchronize()
@@ -184,29 +183,29 @@ def _read_memfd_tensor(fd: int, entry: Mapping[str, Any], target: torch.device) 
 # ----------------------------------------------------------------------------- CUDA IPC
 
 
-def _local_cuda_index(entry: Mapping[str, Any]) -> int:
+def _local_cuda_index(chunk: Mapping[str, Any], name: str) -> int:
     """This process's index of the trainer's GPU: by UUID when the trainer sent it (the
     two may see the GPUs under other CUDA_VISIBLE_DEVICES), else the trainer's index."""
     if not torch.cuda.is_available():
         raise ValueError(
-            f"tensor {entry['name']!r} was pushed as a CUDA IPC handle, but this worker has no "
-            "CUDA device; push CPU tensors, or run the model on the trainer's GPU"
+            f"tensor {name!r} was pushed as a CUDA IPC handle, but this worker has no CUDA "
+            "device; push CPU tensors, or run the model on the trainer's GPU"
         )
-    uuid = entry.get("device_uuid")
+    uuid = chunk.get("device_uuid")
     if uuid is None:
-        return int(entry["device"])
+        return int(chunk["device"])
     for i in range(torch.cuda.device_count()):
         if str(torch.cuda.get_device_properties(i).uuid) == uuid:
             return i
     raise ValueError(
-        f"tensor {entry['name']!r} lives on GPU {uuid}, which this worker cannot see "
+        f"tensor {name!r} lives on GPU {uuid}, which this worker cannot see "
         "(CUDA_VISIBLE_DEVICES); push CPU tensors, or give the worker that GPU"
     )
 
 
-def _handle_args(entry: Mapping[str, Any], index: int) -> tuple[Any, ...]:
+def _handle_args(chunk: Mapping[str, Any], index: int) -> tuple[Any, ...]:
     """The arguments of `UntypedStorage._new_shared_cuda`, as `_share_cuda_` gave them."""
-    h = entry["handle"]
+    h = chunk["handle"]
 
     def raw(key: str) -> bytes:
         return base64.b64decode(h[key])
@@ -223,44 +222,56 @@ def _handle_args(entry: Mapping[str, Any], index: int) -> tuple[Any, ...]:
     )
 
 
-def _copy_ipc_tensor(entry: Mapping[str, Any], target: torch.device) -> torch.Tensor:
-    dtype = _TORCH_DTYPES[entry["dtype"]]
-    shape = entry["shape"]
-    if entry["nbytes"] == 0:
-        return torch.empty(shape, dtype=dtype, device=target)
-    try:
-        index = _local_cuda_index(entry)
+class _Chunks:
+    """A descriptor's CUDA chunks: each opened when its first tensor is read, dropped after
+    its last, and the reader count of any never opened given back at `close`."""
+
+    def __init__(self, descriptor: Mapping[str, Any]) -> None:
+        self._records: list[Mapping[str, Any]] = descriptor.get("chunks") or []
+        self._open: dict[int, torch.Tensor] = {}
+        self._done: set[int] = set()
+        #: The last entry of each chunk: after it, the chunk's mapping is dropped.
+        self._last = {
+            e["chunk"]: e["name"]
+            for e in descriptor["tensors"]
+            if e["via"] == "cuda_ipc" and e["chunk"] is not None
+        }
+
+    def copy(self, entry: Mapping[str, Any], target: torch.device) -> torch.Tensor:
+        dtype = _TORCH_DTYPES[entry["dtype"]]
+        shape, i = entry["shape"], entry["chunk"]
+        if i is None:
+            return torch.empty(shape, dtype=dtype, device=target)
+        flat = self._open.get(i)
+        if flat is None:
+            flat = self._open[i] = self._opened(i, entry["name"])
+        start, nbytes = int(entry["offset"]), int(entry["nbytes"])
+        theirs = flat[start : start + nbytes].view(dtype).view(shape)
+        mine = torch.empty(shape, dtype=dtype, device=target)
+        # On the current stream of the trainer's device (the one that waited for its
+        # event) when the target is that device; copy_ orders a cross-device copy itself.
+        mine.copy_(theirs)
+        if self._last.get(i) == entry["name"]:
+            # Dropping the mapping syncs the stream and gives the trainer its memory back.
+            del theirs, flat
+            self._open.pop(i)
+            self._done.add(i)
+        return mine
+
+    def _opened(self, i: int, name: str) -> torch.Tensor:
+        """Chunk `i` as a byte tensor over the trainer's memory."""
+        chunk = self._records[i]
+        index = _local_cuda_index(chunk, name)
         torch.cuda._lazy_init()
-        # Opening waits (on this stream) for the trainer's pending writes to the tensor.
-        storage = torch.UntypedStorage._new_shared_cuda(*_handle_args(entry, index))
-    except BaseException:
-        _release_unopened([entry])
-        raise
-    # The trainer's tensor over that storage, as torch's own rebuild_cuda_tensor makes it.
-    theirs = torch.empty(0, dtype=dtype, device=storage.device)
-    theirs.set_(storage, entry["storage_offset"], shape, entry["stride"])
-    mine = torch.empty(shape, dtype=dtype, device=target)
-    # On the current stream of the trainer's device (the one that waited for its event)
-    # when the target is that device; copy_ orders a cross-device or host copy itself.
-    mine.copy_(theirs)
-    # Dropping the mapping syncs the stream and gives the trainer its memory back.
-    del theirs, storage
-    return mine
+        # Opening waits (on this stream) for the copies the trainer made into the chunk.
+        # Only an opened chunk counts as read: `close` gives back the count of one that
+        # failed to open.
+        storage = torch.UntypedStorage._new_shared_cuda(*_handle_args(chunk, index))
+        self._done.add(i)
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
-
-def _release_unopened(entries: list[Mapping[str, Any]]) -> None:
-    """A read stopped early: tell the trainer's torch that the CUDA tensors never opened
-    will not be (each `_share_cuda_` counts one reader), or their memory stays held in its
-    limbo until the trainer exits. Best effort: without CUDA here there is no way to."""
-    if not torch.cuda.is_available():
-        return
-    for entry in entries:
-        h = entry.get("handle") if entry.get("via") == "cuda_ipc" else None
-        if not h or h.get("ref_counter_handle") is None:
-            continue
-        with contextlib.suppress(Exception):
-            torch.UntypedStorage._release_ipc_counter(
-                base64.b64decode(h["ref_counter_handle"]),
-                int(h["ref_counter_offset"]),
-                device=int(entry["device"]),
-            )
+    def close(self) -> None:
+        self._open.clear()
+        unopened = [c for i, c in enumerate(self._records) if i not in self._done]
+        if unopened and torch.cuda.is_available():
+            cuda_chunks.release(torch, unopened)
