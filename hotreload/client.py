@@ -385,9 +385,12 @@ class AsyncClient:
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         writer.writelines(pack_frame(header, blobs or []))
-        await writer.drain()
         if on_sent is not None:
+            # Said once the frame is in the transport, not after drain: a cancel during the
+            # drain still sends it, and a push thought unsent would give its CUDA chunks
+            # back while the worker reads them.
             on_sent()
+        await writer.drain()
         frame = await (asyncio.wait_for(fut, timeout_s) if timeout_s else fut)
         raise_for_error(frame)
         return frame

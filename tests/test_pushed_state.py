@@ -318,6 +318,11 @@ class _FakeIpc:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
         monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: None)
+        #: What was synchronized, in order: "device" (every stream) or "stream" (one).
+        self.synced: list[str] = []
+        stream = type("S", (), {"synchronize": lambda _: self.synced.append("stream")})()
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: self.synced.append("device"))
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: stream)
 
     def _share(self, storage: torch.UntypedStorage) -> tuple[Any, ...]:
         i = len(self.shared)
@@ -329,7 +334,7 @@ class _FakeIpc:
         index, handle, size, offset, ref, ref_offset, event, sync = args
         i = int(handle.decode().removeprefix("mem-"))
         assert (index, size, offset, ref, ref_offset, event, sync) == (
-            0, self.shared[i].nbytes(), 0, f"/torch_ref_{i}".encode(), 8 * i, b"event", True,
+            0, self.shared[i].nbytes(), 0, f"/torch_ref_{i}".encode(), 8 * i, b"event", False,
         )  # fmt: skip
         self.opened.append(i)
         return self.shared[i]
@@ -370,6 +375,10 @@ def test_cuda_tensors_travel_in_one_chunk_by_one_handle(monkeypatch: pytest.Monk
         out = read_state(d, "cpu")
     assert d["kind"] == "mixed" and len(d["chunks"]) == 1 and len(ipc.shared) == 1
     assert ipc.opened == [0] and ipc.released == []  # opened once, for all 304 tensors
+    # Packing: the device before the copies (the trainer's streams), their stream after;
+    # reading: the stream before the chunk is let go. No IPC event is left to open.
+    assert ipc.synced == ["device", "stream", "stream"]
+    assert d["chunks"][0]["handle"]["event_sync_required"] is False
     gpu = [t for t in d["tensors"] if t["via"] == "cuda_ipc"]
     assert all(t["offset"] % 512 == 0 for t in gpu)
     assert {t["name"]: t["chunk"] for t in gpu}["empty"] is None
@@ -487,6 +496,15 @@ def _set(path: str, value: Any) -> Any:
 
 
 _DELETE = object()
+
+
+def _older_client(d: dict[str, Any]) -> None:
+    """A CUDA entry as clients before the chunks wrote it: a handle of its own."""
+    entry = d["tensors"][0]
+    del entry["chunk"], entry["offset"]
+    entry |= {"device": 0, "storage_offset": 0, "stride": [8, 1], "handle": {}}
+
+
 MALFORMED = [
     (_set("tensors", {}), "tensors must be a list"),
     (_set("size", -1), "state.size must be a byte count"),
@@ -514,7 +532,9 @@ MALFORMED = [
     (_set("chunks.0.handle.handle", None), "handle.handle must be base64"),
     (_set("chunks.0.handle.event_sync_required", 1), "event_sync_required must be true"),
     (_set("chunks.0.handle.storage_size_bytes", 100), "fewer than the chunk's 640"),
+    (_set("chunks.0.handle.ref_counter_offset", 10000), "ref_counter_offset must be below"),
     (_set("tensors.0.chunk", 1), "chunk must index state.chunks"),
+    (_older_client, "descriptor is from an older hotreload client"),
     (_set("tensors.0.chunk", None), "only an empty tensor has no chunk"),
     (_set("tensors.0.offset", 256), "offset must be a multiple of 512"),
     (_set("tensors.0.offset", 1024), "run past the end of chunk 0"),
@@ -677,16 +697,19 @@ _CUDA_SENDER = textwrap.dedent(
     state = {"a": a, "view": a[1:, ::2], "bf": torch.full((5,), 1.5, dtype=torch.bfloat16,
              device="cuda"), "host": torch.arange(3), "empty": torch.zeros(0, device="cuda")}
     state |= {f"p{i}": torch.full((i % 50 + 1,), float(i), device="cuda") for i in range(2000)}
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     # Two packs, one per read: each IPC handle counts exactly one reader.
     packs = [pack_state(state), pack_state(state)]
+    a.fill_(-1)  # the trainer's next step, before the worker reads: the push kept the bytes
     for p in packs:
         print(json.dumps(p.descriptor), flush=True)
     sys.stdin.readline()
-    a.fill_(-1)  # the reader's copies must not see this
-    torch.cuda.synchronize()
     for p in packs:
         p.close()
-    print("done", flush=True)
+    torch.cuda.ipc_collect()
+    # The chunks are the trainer's again once the worker let go and the push closed.
+    print("done", torch.cuda.memory_allocated() - before, flush=True)
     """
 )
 
@@ -711,7 +734,7 @@ def test_cuda_tensors_are_read_from_another_process_by_ipc_handle() -> None:
         on_cpu = read_state(for_cpu, "cpu")
         sender.stdin.write("\n")
         sender.stdin.flush()
-        assert sender.stdout.readline().strip() == "done"
+        assert sender.stdout.readline().split() == ["done", "0"]
     finally:
         sender.stdin.close()
         sender.wait(timeout=60)

@@ -9,10 +9,15 @@ into the chunk (on the device, at its bandwidth) also makes the push a snapshot:
 moment `pack_state` returns, the trainer may write its tensors and the push keeps the bytes
 they had, so a push that is not waited for needs no copy of its own.
 
-The copies run on the trainer's current stream; `_share_cuda_` records an IPC event on it
-after them, and the worker's open waits for that event, so it never reads a chunk before
-the copies into it finished. The chunks live until the request's reply (`PackedState`
-keeps them); the worker copies every tensor out into memory of its own.
+Streams: the trainer may write its tensors on streams of its own (torch's are created
+non-blocking, unordered with the packing thread's stream, and `AsyncClient` packs on
+another thread). So the device is synchronized before the copies (every write queued so
+far lands in the chunk) and the copies' stream after them (a write queued once
+`pack_state` returns cannot reach them). Then no IPC event is needed: the handle says
+`event_sync_required: false`, and the worker opens no event (torch never closes one it
+opened, so a worker would collect one per push). The chunks live until the request's
+reply (`PackedState` keeps them); the worker copies every tensor out into memory of its
+own.
 
 Descriptor part (JSON; `check_chunks` and `check_entry` check every field):
 
@@ -36,6 +41,9 @@ from typing import Any
 CHUNK_ALIGN = 512
 #: A chunk fills up to this size, then the next starts; a bigger tensor has one to itself.
 CHUNK_BYTES = 1 << 30
+#: Counters in one of torch's IPC reference-counter files (CUDA_IPC_REF_COUNTER_FILE_SIZE):
+#: an offset past them would have the worker write outside the mapped file.
+REF_COUNTERS_PER_FILE = 10000
 #: The `_share_cuda_()` tuple after its device, in order: name -> bytes field?
 HANDLE_FIELDS: dict[str, bool] = {
     "handle": True,
@@ -97,23 +105,26 @@ def fill(torch: Any, members: list[tuple[dict[str, Any], Any]]) -> Any:
             "there first, and the device has no room for it; free memory (or push a part "
             "of the state with strict=False, or push host tensors: state moved .cpu())"
         ) from exc
+    torch.cuda.synchronize(device)  # the trainer's writes on any of its streams
     with torch.no_grad():
         for entry, value in members:
             start, nbytes = int(entry["offset"]), int(entry["nbytes"])
             t = value.detach()
             buf[start : start + nbytes].view(t.dtype).view(list(t.shape)).copy_(t)
+    torch.cuda.current_stream(device).synchronize()  # the copies: done before any new write
     return buf
 
 
 def describe(device_uuid: Any, buf: Any) -> dict[str, Any]:
-    """The chunk's descriptor record: `buf` shared by one IPC handle (its event recorded
-    on the current stream, after the copies into it)."""
+    """The chunk's descriptor record: `buf` (its copies finished: `fill`) shared by one
+    IPC handle, with no event for the worker to open and wait on."""
     share = buf.untyped_storage()._share_cuda_()
     device = int(share[0])
     handle = {
         key: (_b64(v) if is_bytes else v)
         for (key, is_bytes), v in zip(HANDLE_FIELDS.items(), share[1:], strict=True)
     }
+    handle["event_sync_required"] = False
     return {
         "device": device,
         "device_uuid": device_uuid(buf, device),
@@ -201,12 +212,23 @@ def _check_handle(where: str, handle: Any) -> None:
             ok, kind = _nonneg(v), "an integer >= 0"
         if not ok:
             raise ValueError(f"{where}.handle.{key} must be {kind}, got {v!r}")
+    if handle["ref_counter_offset"] >= REF_COUNTERS_PER_FILE:
+        raise ValueError(
+            f"{where}.handle.ref_counter_offset must be below {REF_COUNTERS_PER_FILE} (the "
+            f"counters in one of torch's files), got {handle['ref_counter_offset']}"
+        )
 
 
 def check_entry(where: str, t: Mapping[str, Any], chunks: list[Mapping[str, Any]]) -> None:
     """A `cuda_ipc` tensor entry lies inside its chunk, aligned (the rest of the entry is
     checked with the memfd ones)."""
     chunk, offset, nbytes = t.get("chunk"), t.get("offset"), int(t["nbytes"])
+    if "handle" in t and "chunk" not in t:
+        raise ValueError(
+            f"{where} comes with an IPC handle of its own: the descriptor is from an older "
+            "hotreload client (one handle per tensor); install the same hotreload where "
+            "the trainer runs"
+        )
     if chunk is None:
         if nbytes or offset != 0:
             raise ValueError(
@@ -215,9 +237,8 @@ def check_entry(where: str, t: Mapping[str, Any], chunks: list[Mapping[str, Any]
             )
         return
     if not _nonneg(chunk) or chunk >= len(chunks):
-        raise ValueError(
-            f"{where}: chunk must index state.chunks (0..{len(chunks) - 1}), got {chunk!r}"
-        )
+        known = f"0..{len(chunks) - 1}" if chunks else "it is empty"
+        raise ValueError(f"{where}: chunk must index state.chunks ({known}), got {chunk!r}")
     if not _nonneg(offset) or offset % CHUNK_ALIGN:
         raise ValueError(
             f"{where}: offset must be a multiple of {CHUNK_ALIGN} (>= 0), got {offset!r}"

@@ -252,7 +252,9 @@ class _Chunks:
         # event) when the target is that device; copy_ orders a cross-device copy itself.
         mine.copy_(theirs)
         if self._last.get(i) == entry["name"]:
-            # Dropping the mapping syncs the stream and gives the trainer its memory back.
+            # The copies out finish before the trainer may get its memory back (the drop
+            # syncs the stream too, but only after it let go of the mapping).
+            torch.cuda.current_stream(flat.device).synchronize()
             del theirs, flat
             self._open.pop(i)
             self._done.add(i)
@@ -273,5 +275,6 @@ class _Chunks:
     def close(self) -> None:
         self._open.clear()
         unopened = [c for i, c in enumerate(self._records) if i not in self._done]
-        if unopened and torch.cuda.is_available():
+        if unopened:
+            # Tried without CUDA here too: the counters are shared memory, not the GPU's.
             cuda_chunks.release(torch, unopened)
