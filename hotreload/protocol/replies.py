@@ -81,6 +81,8 @@ class LoadReply(Reply):
     not_reused: str | None = None
     #: Weights files read (with `reused`: the changed shards; the others were shared).
     read_files: int = 0
+    #: Built as the serving module's copy, build() not called (a push: worker/push_copy.py).
+    copied: bool = False
     #: Digest of what build() set each tensor the files replaced (worker/init_values.py).
     init_digests: dict[str, str] = field(default_factory=dict)
     #: Its peft adapters (worker/adapters.py `AdapterSet.wire`): the default, the base's
@@ -144,6 +146,7 @@ _TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "imports": list,
         "hashed_bytes": int,
         "overlay_leaves": dict,
+        "copied": bool,
     },
     "WarmReply": {"warm_s": (int, float), "passes_ms": list},
     "SmokeReply": {"outputs": list, "notes": list, "imports": list},

@@ -29,6 +29,7 @@ from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
+from hotreload.worker.push_copy import structure_for_push
 from hotreload.worker.shared_weights import digest_version
 from hotreload.worker.signatures import (
     FORM_SINGLE,
@@ -73,6 +74,8 @@ class ModelVersion:
     #: Where its weights came from (files, the version before it, pushes).
     weights: PlacedWeights = field(default_factory=PlacedWeights)
     init_digests: dict[str, str] = field(default_factory=dict)  # what build() set: init_values
+    #: Built as the serving module's copy, with no build() call (push_copy.py).
+    copied: bool = False
     #: Content digest of its weights (weights_digest.py; None: not a torch module, or
     #: still being computed by `digest_future`).
     digest: str | None = None
@@ -287,8 +290,12 @@ def build_version(
         build_notes: list[str] = []
         set_by_build: dict[str, str] = {}
         quick = adapter_copy.copied(spec, current, overlays, device) if same_code else None
+        pushed = structure_for_push(spec, current, overlays, unchanged) if same_code else None
         if quick is not None:
             model = quick[0]  # the serving module's structure, its tensors shared
+        elif pushed is not None:
+            model = pushed  # the same, with the push's tensors assigned by place_weights
+            set_by_build.update(current.init_digests)  # what build() set is unchanged
         # Only with files, or a push of every tensor (strict): they hold every weight
         # whatever happens (a version whose tensors cannot be shared, a push of a subset);
         # without, build() sets the weights itself.
@@ -349,6 +356,7 @@ def build_version(
         build_notes=build_notes,
         weights=placed,
         init_digests={k: d for k, d in set_by_build.items() if k in placed.keys},
+        copied=pushed is not None,
     )
     if placed.adapters is not None:
         placed.adapters.digest_into(mv, current, digest_now)  # the base's, and each adapter's

@@ -182,9 +182,9 @@ class Worker:
         version = int(h["version"])
         old_roots = self._code_roots()
         if h.get("code"):
-            # Other code paths: the last good snapshot (a restart), or the live files again.
+            # Other code paths (the last good snapshot, or the live files again): imports
+            # must no longer find the user's modules under the old paths.
             self.spec.update(h["code"])
-            # Imports must no longer find the user's modules under the old paths.
             new_roots = set(self._code_roots())
             loader.forget_paths([r for r in old_roots if r not in new_roots])
         roots = self._code_roots()
@@ -234,6 +234,7 @@ class Worker:
             shared=mv.weights.shared.descriptor() if mv.weights.shared else None,
             not_reused=mv.weights.not_reused if reuse is not None else None,
             read_files=mv.weights.read_files,
+            copied=mv.copied,
             init_digests=mv.init_digests,
             adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
             imports=imported_files.imported_files(roots),
@@ -485,9 +486,8 @@ class Worker:
 def run_worker(spec: dict[str, Any], fd: int) -> int:
     sock = socket.socket(fileno=fd)
     np.seterr(all="ignore")
-    # The loader thread (imports, weights, warm-up) and the serving thread share the GIL: a
-    # shorter switch interval lets a request through within ~0.5 ms of arriving during a
-    # load instead of waiting up to the default 5 ms.
+    # The loader thread and the serving thread share the GIL: a shorter switch interval lets
+    # a request through within ~0.5 ms of arriving during a load, not the default 5 ms.
     sys.setswitchinterval(0.0005)
     try:
         worker = Worker(spec, sock)

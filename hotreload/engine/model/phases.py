@@ -200,6 +200,8 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         elif (r.reused or r.mapped) and spec.serving_block is not None:
             info.block = spec.serving_block  # the same memory, shared or mapped
         what = f"{r.reimported} module(s) re-imported" if spec.reimport else "weights only"
+        if r.copied:
+            what += ", the serving module copied (no build() call)"
         if r.reused:
             what += f", {r.reused} weight tensor(s) shared with the serving version"
             if r.read_files:  # some files changed (a shard): those read, the rest shared

@@ -1,0 +1,82 @@
+"""A push's next version without calling build(): the serving module, copied as a structure.
+
+A push changes weights only: the code was not imported again and the weights files did
+not change, so build() would make the module the serving version already is. Calling it
+is most of what a push costs the serving worker: a Hugging Face model's constructor runs
+Python over every layer (about 10 ms for a two-layer Llama, under the serving
+interpreter's lock, while evals wait). The copy is a new object per module with its own
+tables of parameters, buffers and submodules (`adapter_copy.structure_copy`, about 10 us
+a module); `place_weights` then assigns every weight tensor into it, so each parameter of
+the copy is a new `Parameter` of its own: the serving version's stay as they are, and a
+later `.to()` of one version cannot move the other's.
+
+Not taken (build() runs as before) for TorchScript, declared adapters (adapter_copy.py
+has its own copy), a serving version offloaded to the host or built with some files
+changed (a re-saved shard), and when torch swaps tensors in place on assignment
+(`torch.__future__.set_swap_module_params_on_conversion(True)`: the swap would reach the
+serving version's tensors through the shared objects). Nor for a module that holds a
+way back to the serving modules the copy cannot redirect: a module of `torch.compile`
+(its `forward` is the serving module's, bound), a bound method of a module kept as an
+attribute, a hook (weight norm, accelerate's offload: functions over the old modules), or
+a parametrization (`torch.nn.utils.parametrize`, which refuses to be copied).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hotreload.worker.adapter_copy import structure_copy
+
+
+def structure_for_push(
+    spec: Mapping[str, Any],
+    current: Any,
+    overlays: Sequence[Mapping[str, Any]],
+    unchanged: Sequence[int] | None,
+) -> torch.nn.Module | None:
+    """The serving module's structure for the next version, or None (call build())."""
+    model = getattr(current, "model", None)
+    if not isinstance(model, torch.nn.Module) or getattr(current, "on_host", False):
+        return None
+    if spec["entry"].get("torchscript") or spec.get("adapters") or unchanged is not None:
+        return None
+    if torch.__future__.get_swap_module_params_on_conversion():
+        return None
+    if not current.weights.keys:
+        return None  # build() set the weights itself: nothing to share them from
+    seen = set(current.weights.overlay_ids)
+    if not any(int(o["id"]) not in seen for o in overlays):
+        return None  # no new push: not a push's build
+    if not all(map(_redirectable, model.modules())):
+        return None
+    try:
+        return structure_copy(model, {})
+    except Exception:
+        return None  # a module that refuses copy.copy: build() makes the version
+
+
+#: A module's tables of hooks that run in its forward (functions the copy would share).
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+#: The tables structure_copy gives the copy of its own.
+_OWN = ("_parameters", "_buffers", "_modules")
+
+
+def _redirectable(module: torch.nn.Module) -> bool:
+    """Does a copy of `module` (its tables its own, every other attribute shared) compute
+    with the copy's tensors? Not when something it calls is bound to the original."""
+    if type(module).__name__ == "OptimizedModule":  # torch.compile's wrapper
+        return False
+    if any(getattr(module, name, None) for name in _HOOKS):
+        return False
+    if isinstance(getattr(module, "parametrizations", None), torch.nn.ModuleDict):
+        return False  # torch.nn.utils.parametrize: its class and properties are per object
+    for key, value in vars(module).items():
+        if key in _OWN or key in _HOOKS:
+            continue
+        if isinstance(value, types.MethodType) and isinstance(value.__self__, torch.nn.Module):
+            return False
+    return True
