@@ -38,6 +38,18 @@ def make_project(
     return proj / "hotreload.toml"
 
 
+def import_file(path: Path, name: str) -> Any:
+    """The module at `path`, imported here under `name` (not added to sys.modules): the
+    model called in-process, to compare a served answer with."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def read_events(config: Path) -> list[dict]:
     """The session's .hotreload/events.jsonl as a list of events."""
     import json

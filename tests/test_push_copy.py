@@ -22,7 +22,7 @@ from hotreload.errors import ReloadFailedError
 from hotreload.protocol.shared_state import pack_state
 from hotreload.worker.push_copy import structure_for_push
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
-from tests.support import make_project, read_events
+from tests.support import import_file, make_project, read_events
 
 
 class Net(torch.nn.Module):
@@ -201,12 +201,7 @@ def _project(tmp_path: Path) -> Path:
 
 
 def _in_process(config: Path, state: dict[str, torch.Tensor], x: np.ndarray, scale: float):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("hr_model_base", config.parent / "model_base.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file(config.parent / "model_base.py", "hr_model_base")
     torch.set_num_threads(1)
     model = module.MLP().eval()
     model.scale = scale
