@@ -33,8 +33,10 @@ class Net(torch.nn.Module):
         self.head = torch.nn.Linear(8, 20, bias=False)
         self.head.weight = self.emb.weight  # tied, as LMs tie embedding and head
         self.register_buffer("scale", torch.full((8,), 2.0))
+        self.register_buffer("seen", torch.zeros(1), persistent=False)  # written in forward
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.seen += 1
         return self.head(self.body(self.emb(ids)) * self.scale)
 
 
@@ -80,6 +82,9 @@ def test_the_copy_takes_the_push_and_leaves_the_serving_module_as_it_was() -> No
         tied = {"head.weight": pushed["emb.weight"]}  # one tensor under both names
         ref.load_state_dict({k: v for k, (_, v) in before.items()} | pushed | tied)
         assert torch.equal(clone(ids), ref(ids))
+    # Each version's own buffer: copied at 1 (old had run once), then each ran once more.
+    assert clone.seen.data_ptr() != old.seen.data_ptr()
+    assert (old.seen.item(), clone.seen.item()) == (2.0, 2.0)
     old.double()  # a `.to()` of one version (the resource policy's offload) ...
     assert all(p.dtype == torch.float32 for p in clone.parameters())  # ... not the other's
 

@@ -54,9 +54,17 @@ def structure_for_push(
     if not all(map(_redirectable, model.modules())):
         return None
     try:
-        return structure_copy(model, {})
+        clone = structure_copy(model, {})
     except Exception:
         return None  # a module that refuses copy.copy: build() makes the version
+    for mine in clone.modules():
+        # Buffers outside the state dict (a rotary `inv_freq`, a cache a forward writes in
+        # place) get no tensor assigned: each version has its own, as build() would give.
+        for name in mine._non_persistent_buffers_set:
+            buf = mine._buffers.get(name)
+            if buf is not None:
+                mine._buffers[name] = buf.clone()
+    return clone
 
 
 #: A module's tables of hooks that run in its forward (functions the copy would share).
