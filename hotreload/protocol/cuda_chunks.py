@@ -92,7 +92,8 @@ def chunk_size(members: list[tuple[dict[str, Any], Any]]) -> int:
 
 def fill(torch: Any, members: list[tuple[dict[str, Any], Any]]) -> Any:
     """A new byte tensor on the members' device holding each member's bytes at its offset
-    (copied on the current stream; a non-contiguous tensor is gathered by the copy)."""
+    (copied on the current stream; a non-contiguous tensor is gathered by the copy). The
+    caller syncs the device before and the stream after (pack_state: once for all chunks)."""
     device = members[0][1].device
     size = chunk_size(members)
     try:
@@ -105,13 +106,11 @@ def fill(torch: Any, members: list[tuple[dict[str, Any], Any]]) -> Any:
             "there first, and the device has no room for it; free memory (or push a part "
             "of the state with strict=False, or push host tensors: state moved .cpu())"
         ) from exc
-    torch.cuda.synchronize(device)  # the trainer's writes on any of its streams
     with torch.no_grad():
         for entry, value in members:
             start, nbytes = int(entry["offset"]), int(entry["nbytes"])
             t = value.detach()
             buf[start : start + nbytes].view(t.dtype).view(list(t.shape)).copy_(t)
-    torch.cuda.current_stream(device).synchronize()  # the copies: done before any new write
     return buf
 
 
@@ -156,12 +155,12 @@ def _b64(value: Any) -> str | None:
 # ----------------------------------------------------------------------------- checking
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _nonneg(value: Any) -> bool:
-    return _is_int(value) and value >= 0
+def nonneg(value: Any) -> bool:
+    return is_int(value) and value >= 0
 
 
 def _b64_ok(value: Any) -> bool:
@@ -185,11 +184,11 @@ def check_chunks(chunks: Any) -> None:
         device, uuid, size, handle = (
             chunk.get(k) for k in ("device", "device_uuid", "size", "handle")
         )
-        if not _nonneg(device):
+        if not nonneg(device):
             raise ValueError(f"{where}.device must be a CUDA device index (>= 0), got {device!r}")
         if uuid is not None and not isinstance(uuid, str):
             raise ValueError(f"{where}.device_uuid must be a string or null, got {uuid!r}")
-        if not _is_int(size) or size <= 0:
+        if not is_int(size) or size <= 0:
             raise ValueError(f"{where}.size must be a byte count > 0, got {size!r}")
         _check_handle(where, handle)
         if handle["storage_size_bytes"] < size:
@@ -209,7 +208,7 @@ def _check_handle(where: str, handle: Any) -> None:
         elif key == "event_sync_required":
             ok, kind = isinstance(v, bool), "true or false"
         else:
-            ok, kind = _nonneg(v), "an integer >= 0"
+            ok, kind = nonneg(v), "an integer >= 0"
         if not ok:
             raise ValueError(f"{where}.handle.{key} must be {kind}, got {v!r}")
     if handle["ref_counter_offset"] >= REF_COUNTERS_PER_FILE:
@@ -236,10 +235,10 @@ def check_entry(where: str, t: Mapping[str, Any], chunks: list[Mapping[str, Any]
                 f"one has {nbytes} bytes at offset {offset!r}"
             )
         return
-    if not _nonneg(chunk) or chunk >= len(chunks):
+    if not nonneg(chunk) or chunk >= len(chunks):
         known = f"0..{len(chunks) - 1}" if chunks else "it is empty"
         raise ValueError(f"{where}: chunk must index state.chunks ({known}), got {chunk!r}")
-    if not _nonneg(offset) or offset % CHUNK_ALIGN:
+    if not nonneg(offset) or offset % CHUNK_ALIGN:
         raise ValueError(
             f"{where}: offset must be a multiple of {CHUNK_ALIGN} (>= 0), got {offset!r}"
         )

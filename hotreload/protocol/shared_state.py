@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 
 from hotreload.protocol import cuda_chunks
+from hotreload.protocol.cuda_chunks import is_int as _is_int
+from hotreload.protocol.cuda_chunks import nonneg as _nonneg
 from hotreload.protocol.tensors import BF16, MAX_RANK, WIRE_DTYPES
 
 #: Every memfd tensor starts on this boundary (framing.PAYLOAD_ALIGN's reason, too).
@@ -239,8 +241,14 @@ def _describe(
 
 def _share_chunks(packed: PackedState, gpu: _Items) -> None:
     torch = _torch_of(gpu[0][1])
-    for members in cuda_chunks.place(gpu):
-        buf = cuda_chunks.fill(torch, members)
+    chunks = cuda_chunks.place(gpu)
+    devices = {members[0][1].device for members in chunks}
+    for device in devices:
+        torch.cuda.synchronize(device)  # the trainer's writes, on any of its streams
+    bufs = [cuda_chunks.fill(torch, members) for members in chunks]
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()  # the copies, before any new write
+    for buf in bufs:
         packed._keep.append(buf)
         packed.descriptor["chunks"].append(cuda_chunks.describe(_device_uuid, buf))
 
@@ -261,14 +269,6 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
 
 
 # ----------------------------------------------------------------------------- checking
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _nonneg(value: Any) -> bool:
-    return _is_int(value) and value >= 0
 
 
 def memfd_pid(descriptor: Mapping[str, Any]) -> int | None:
