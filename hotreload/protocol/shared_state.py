@@ -45,8 +45,6 @@ from typing import Any
 import numpy as np
 
 from hotreload.protocol import cuda_chunks
-from hotreload.protocol.cuda_chunks import is_int as _is_int
-from hotreload.protocol.cuda_chunks import nonneg as _nonneg
 from hotreload.protocol.tensors import BF16, MAX_RANK, WIRE_DTYPES
 
 #: Every memfd tensor starts on this boundary (framing.PAYLOAD_ALIGN's reason, too).
@@ -269,6 +267,17 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
 
 
 # ----------------------------------------------------------------------------- checking
+
+
+# Kept here rather than imported from cuda_chunks: a descriptor's check calls them once per
+# field, and each call into another file is a step a reader of the push path follows out
+# and back (tests/supervisor/test_reload_trace.py counts them).
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _nonneg(value: Any) -> bool:
+    return _is_int(value) and value >= 0
 
 
 def memfd_pid(descriptor: Mapping[str, Any]) -> int | None:
