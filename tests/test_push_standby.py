@@ -139,13 +139,20 @@ def hashed_kib(config: Path) -> list[float]:
     return out
 
 
-def test_a_push_in_the_standby_hashes_only_its_own_tensors(respawned) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("client_leaves", [False, True], ids=["worker-named", "client-hashed"])
+def test_a_push_in_the_standby_hashes_only_its_own_tensors(
+    respawned, monkeypatch: pytest.MonkeyPatch, client_leaves: bool
+) -> None:  # type: ignore[no-untyped-def]
     """The block and the pushes the standby maps again come with the digest leaves the
     worker that built them first named (issue 26 item 4 under respawn): a head push over a
-    full one hashes the head, not the model. The digest is the one computed here, from
-    nothing remembered."""
+    full one hashes the head, not the model. With the leaves the client hashed as it packed
+    (protocol/push_leaves.py), no push hashes anything in a worker. The digest is the one
+    computed here, from nothing remembered."""
+    from hotreload.protocol import push_leaves
     from hotreload.worker.weights_digest import state_digest
 
+    if not client_leaves:  # the client in this process sends none: the workers name them
+        monkeypatch.setattr(push_leaves, "MAX_LEAVES_JSON", 0)
     config, _, client = respawned
     first = trained(file_state(config), 7)
     client.update_weights("mlp", first)
@@ -161,6 +168,9 @@ def test_a_push_in_the_standby_hashes_only_its_own_tensors(respawned) -> None:  
     model_kib = sum(t.nbytes for t in first.values()) / 1024
     head_kib = sum(t.nbytes for t in head.values()) / 1024
     full, part = hashed_kib(config)
-    assert full >= model_kib * 0.9, (full, model_kib)  # every tensor new
-    assert part <= head_kib + 1, (part, head_kib, model_kib)  # the block and v2 remembered
+    if client_leaves:
+        assert (full, part) == (0, 0), (full, part, model_kib)
+    else:
+        assert full >= model_kib * 0.9, (full, model_kib)  # every tensor new
+        assert part <= head_kib + 1, (part, head_kib, model_kib)  # the block and v2 remembered
     assert all(r["strategy"] == "respawn" for r in push_rows(config))

@@ -16,7 +16,11 @@ Descriptor (JSON; `validate_descriptor` checks every field):
      "chunks": [{"device", "device_uuid", "size", "handle": {...}}],   # [] when no CUDA
      "tensors": [
        {"name", "dtype", "shape", "nbytes", "via": "memfd", "offset"},
-       {"name", "dtype", "shape", "nbytes", "via": "cuda_ipc", "chunk", "offset"}]}
+       {"name", "dtype", "shape", "nbytes", "via": "cuda_ipc", "chunk", "offset"}],
+     "leaves": {name: ["<64 hex>", ...]}}     # optional: memfd tensors' digest leaves
+
+`leaves` are the digest leaves of the memfd tensors, hashed from the memfd as the pack
+writes it (push_leaves.py): the worker serving those bytes as they are hashes none of them.
 
 `dtype` is a wire name (`tensors.WIRE_DTYPES`: bool, uint8, int8..int64, float16/32/64,
 bfloat16); bytes are little-endian, C-contiguous, each memfd tensor at a 64-byte aligned
@@ -44,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from hotreload.protocol import cuda_chunks
+from hotreload.protocol import cuda_chunks, push_leaves
 from hotreload.protocol.tensors import BF16, MAX_RANK, WIRE_DTYPES
 
 #: Every memfd tensor starts on this boundary (framing.PAYLOAD_ALIGN's reason, too).
@@ -256,12 +260,29 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
     fd = os.memfd_create(memfd_name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     packed.fd = fd
     os.ftruncate(fd, packed.descriptor["size"])
-    for entry, value in host:
-        arr = _host_array(entry["name"], value)
-        if arr.nbytes:
-            _write_all(fd, memoryview(arr.reshape(-1).view(np.uint8)), entry["offset"])
-        del arr  # a non-contiguous tensor's copy lives one tensor long
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
+    # Leaves only where the header has room for them: else the worker hashes the push.
+    hash_it = (
+        sum(push_leaves.leaves_json_size(e["name"], e["nbytes"]) for e, _ in host)
+        <= push_leaves.MAX_LEAVES_JSON
+    )
+    with push_leaves.LeafHasher(fd, packed.descriptor["size"] if hash_it else 0) as hasher:
+        for entry, value in host:
+            arr = _host_array(entry["name"], value)
+            data = memoryview(arr.reshape(-1).view(np.uint8))
+            offset = entry["offset"]
+            if hash_it:
+                hasher.write(
+                    entry["name"],
+                    offset,
+                    arr.nbytes,
+                    lambda a, b, data=data, at=offset: _write_all(fd, data[a:b], at + a),
+                )
+            elif arr.nbytes:
+                _write_all(fd, data, offset)
+            del arr, data  # a non-contiguous tensor's copy lives one tensor long
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
+        if hash_it:
+            packed.descriptor["leaves"] = hasher.leaves()
     packed.descriptor["path"] = f"/proc/{os.getpid()}/fd/{fd}"
     packed.descriptor["memfd_name"] = memfd_name
 
@@ -304,6 +325,7 @@ def validate_descriptor(d: Any, *, peer_pid: int | None = None) -> None:
     vias: set[str] = set()
     for i, t in enumerate(tensors):
         vias.add(_check_entry(i, t, size, names, chunks))
+    push_leaves.check_leaves(d.get("leaves"), tensors)
     used = {t["chunk"] for t in tensors if t["via"] == "cuda_ipc"}
     for i in range(len(chunks)):
         if i not in used:

@@ -29,14 +29,10 @@ from typing import Any
 
 import torch
 
+from hotreload.protocol.push_leaves import MAX_LEAVES_JSON
 from hotreload.worker.weights_digest import CHUNK_BYTES, REMEMBERED, digest_later, state_digest
 
 ALIGN = 64
-#: Leaves named for one block or push at most, in hex with their names (the JSON header of
-#: a LOAD request carries them, and headers are bounded: protocol/framing.py). Past it none
-#: are named: a build that maps it hashes it all, as before (a missed speed-up, never a
-#: wrong digest). 96 KiB is about 1,400 leaves: 11 GiB of weights in 8 MiB chunks.
-MAX_LEAVES_JSON = 96 * 1024
 
 
 @dataclass

@@ -52,7 +52,10 @@ from typing import Any
 
 import torch
 
-CHUNK_BYTES = 8 * 2**20
+from hotreload.protocol.push_leaves import LEAF_BYTES
+
+#: A leaf's piece (a client hashing a push as it packs uses the same: push_leaves.py).
+CHUNK_BYTES = LEAF_BYTES
 PREFIX = b"hotreload-state-v1\0"
 #: Threads hashing at once: the serving version keeps computing meanwhile.
 MAX_THREADS = 4

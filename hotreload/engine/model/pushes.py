@@ -47,8 +47,9 @@ class Overlay:
     #: The session's reference to the memfd (None: no tensor went through one).
     fd: int | None = None
     names: list[str] = field(default_factory=list)
-    #: Its tensors' digest leaves by pushed name, as the worker that built it first hashed
-    #: them: a worker mapping it again hashes none (worker/shared_weights.py).
+    #: Its tensors' digest leaves by pushed name, as the client hashed them while packing
+    #: (protocol/push_leaves.py) or the worker that built it first named them: a worker
+    #: mapping it hashes none of those (worker/shared_weights.py).
     leaves: dict[str, Any] | None = None
 
     @property
@@ -74,6 +75,7 @@ def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
     except ValueError as exc:
         raise BadRequestError(f"update_weights: {exc}") from None
     state = dict(descriptor)
+    leaves = state.pop("leaves", None) or None  # travels beside the state (Overlay.wire)
     fd = None
     if state.get("path"):
         try:
@@ -86,7 +88,7 @@ def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
             ) from None
         state["path"] = f"/proc/{os.getpid()}/fd/{fd}"
     names = [t["name"] for t in state.get("tensors", [])]
-    return Overlay(overlay_id, state, bool(strict), fd, names)
+    return Overlay(overlay_id, state, bool(strict), fd, names, leaves)
 
 
 @dataclass
