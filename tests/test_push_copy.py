@@ -260,3 +260,11 @@ def test_pushes_do_not_call_build_and_a_failed_one_leaves_v1_bit_for_bit(
         edited = client.infer("mlp", x)
         np.testing.assert_array_equal(edited.output, _in_process(config, state, x, 2.0))
     assert builds.read_text().count("build") == 2
+    # A copied push skips the warm-up (its module's code and caches are the serving one's,
+    # warm already: the smoke test is its first pass); a code edit's build warms as before.
+    warms = [
+        e for e in read_events(config) if e.get("kind") == "phase_end" and e["phase"] == "warm"
+    ]
+    skipped = [e.get("skipped") for e in warms][-5:]  # 4 pushes (the NaN one too), the edit
+    assert skipped == [True, True, True, True, False], warms
+    assert warms[-2]["detail"] == "the serving module copied: warm already", warms

@@ -35,6 +35,12 @@ offset, shape, strides and dtype, and its in-place version counter has not moved
 seen: a write that moves no counter (through `.data`, or through another tensor object
 over the same memory). A model that writes its weights while serving is not supported
 anyway: its digest would not say what answers.
+
+Leaves also come from elsewhere, for tensors lying exactly over memory whose leaves are
+known (worker/shared_weights.py `remember_over`): a weights block or a push another worker
+hashed first, and a push's memfd, which the client hashed as it wrote it
+(protocol/push_leaves.py). Those leaves are the sender's word for sealed bytes: a client
+of its own making must compute them as the format above says, or send none.
 """
 
 from __future__ import annotations

@@ -182,7 +182,10 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         # the worker paces it while another worker is serving some (build_pace).
         return {"serving_elsewhere": worker is not spec.serving and spec.serving_busy()}
 
+    copied = False  # the serving module copied, in its own worker (a push: push_copy.py)
+
     async def load() -> dict[str, Any]:
+        nonlocal copied
         fields: dict[str, Any] = {"reimport": spec.reimport, **plan.wire()}
         if spec.code is not None:
             fields["code"] = spec.code
@@ -200,6 +203,7 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         elif (r.reused or r.mapped) and spec.serving_block is not None:
             info.block = spec.serving_block  # the same memory, shared or mapped
         what = f"{r.reimported} module(s) re-imported" if spec.reimport else "weights only"
+        copied = r.copied
         if r.copied:
             what += ", the serving module copied (no build() call)"
         if r.reused:
@@ -217,6 +221,9 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
 
     async def warm() -> dict[str, Any]:
+        if copied:  # same code, shapes and device as the version serving in this process:
+            # every lazy init, kernel choice and allocator pool the passes warm is warm
+            return {"skipped": True, "reason": "the serving module copied: warm already"}
         reply = worker.request(
             WorkerOp.WARM, None, target="staged", iters=spec.model.warmup_iters, **pace()
         )
