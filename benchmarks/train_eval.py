@@ -973,8 +973,9 @@ def part2(tmp: Path, sizes: list[int], reps: int, reps_1g: int, thp: bool) -> No
         "pack = the client's write into the memfd and its digest leaves, hashed meanwhile; "
         "bare = the write alone (no leaves: the worker hashes); read = the worker's read_state "
         "(a CPU worker maps the sealed memfd and takes views: no copy); touch = first touch "
-        "of as much fresh memory alone; copy = a preadv of the memfd into memory touched already; memcpy = "
-        "torch copy_ between two touched buffers of that size; digest = sha256, one thread"
+        "of as much fresh memory alone; copy = a preadv of the memfd into memory touched "
+        "already; memcpy = torch copy_ between two touched buffers of that size; digest = "
+        "sha256, one thread"
     )
     cols = ("pack", "bare", "read", "touch", "copy", "memcpy", "digest")
     print(f"{'state':>8}" + "".join(f"{c:>16}" for c in cols) + f" {'read faults':>12}")
