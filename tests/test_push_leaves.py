@@ -122,3 +122,23 @@ def test_a_push_serves_the_digest_of_its_bytes_with_nothing_hashed_in_the_worker
     first, cast = hashed_bytes(config)
     assert first == "0 KiB", first
     assert cast != "0 KiB", cast
+
+
+def test_leaves_that_would_overflow_the_header_are_dropped_not_the_push(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from hotreload.protocol import weights_ops
+
+    with pack_state({"w": torch.ones(3, 4)}) as packed:
+        assert "leaves" in packed.descriptor
+        bare = dict(packed.descriptor)
+        bare.pop("leaves")
+        size = len(
+            json.dumps({"op": "update_weights", "model": "m", "strict": True, "state": bare})
+        )
+        # A limit the push fits under only without its leaves.
+        monkeypatch.setattr(weights_ops, "MAX_HEADER_BYTES", size + 1024 + 40)
+        header = weights_ops.update_weights_header("m", packed, True, None)
+        assert "leaves" not in header["state"]
