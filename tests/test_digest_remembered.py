@@ -84,7 +84,7 @@ def test_leaves_named_in_one_mapping_are_remembered_in_another_only_when_they_fi
     """shared_weights.leaves_over / remember_over: the leaves a worker named for tensors
     over a mapping, remembered for another mapping of the same bytes (here, two views of
     one buffer). Leaves of the wrong count or not hex are ignored, and the tensor hashed."""
-    from hotreload.worker.shared_weights import leaves_over, remember_over
+    from hotreload.worker.shared_weights import as_mapped, leaves_over, remember_over
 
     g = torch.Generator().manual_seed(3)
     buffer = torch.randn(2 * 2**20 + 7, generator=g)  # 8 MiB + 28 bytes: two leaves
@@ -94,6 +94,8 @@ def test_leaves_named_in_one_mapping_are_remembered_in_another_only_when_they_fi
     assert list(named) == ["w"] and len(named["w"]) == 2
 
     again = {"w": buffer[:]}  # another tensor object over the same bytes, not remembered yet
+    assert remember_over(again, {"w": again["w"]}, named) == 0, "not noted as mapped"
+    as_mapped(again)  # as a worker notes what it maps
     REMEMBERED._by_storage.clear()
     assert remember_over(again, {"w": again["w"]}, {"w": named["w"][:1]}) == 0
     assert remember_over(again, {"w": again["w"]}, {"w": ["zz", "zz"]}) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -127,8 +128,6 @@ def test_a_push_serves_the_digest_of_its_bytes_with_nothing_hashed_in_the_worker
 def test_leaves_that_would_overflow_the_header_are_dropped_not_the_push(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import json
-
     from hotreload.protocol import weights_ops
 
     with pack_state({"w": torch.ones(3, 4)}) as packed:
@@ -141,3 +140,54 @@ def test_leaves_that_would_overflow_the_header_are_dropped_not_the_push(
         monkeypatch.setattr(weights_ops, "MAX_HEADER_BYTES", size + 1024 + 1)
         header = weights_ops.update_weights_header("m", packed, True, None)
         assert "leaves" not in header["state"]
+
+
+def test_leaves_count_only_for_bytes_unwritten_since_they_were_mapped() -> None:
+    """A worker's mapping of a push is its own copy on write: a load hook that writes a
+    tensor in place there changes bytes the client's leaves were hashed from. Such a tensor
+    is hashed in the worker; the digest stays the one of what serves."""
+    from hotreload.worker.pushed_state import read_state
+    from hotreload.worker.shared_weights import as_mapped, remember_over
+    from hotreload.worker.weights_digest import state_digest
+
+    g = torch.Generator().manual_seed(5)
+    with pack_state({"w": torch.randn(64, 64, generator=g), "b": torch.randn(64)}) as packed:
+        leaves = packed.descriptor["leaves"]
+        views = read_state(packed.descriptor, torch.device("cpu"))
+        as_mapped(views)
+        state = {"w": torch.nn.Parameter(views["w"], requires_grad=False), "b": views["b"]}
+        with torch.no_grad():
+            state["w"].mul_(2)  # through the Parameter: its counter is the view's
+        assert remember_over(state, views, leaves) == 1  # "b" only
+        want = state_digest({k: v.detach().clone() for k, v in state.items()})
+        assert state_digest(state) == want
+
+
+def test_a_pack_goes_without_leaves_when_it_cannot_map_and_hashes_inline_at_exit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No mapping (out of descriptors): the push is packed, without leaves. A push from an
+    atexit handler (no new threads then): its big pieces are hashed on the writer's thread."""
+    import subprocess
+    import sys
+
+    def refuse(fd: int, size: int) -> None:
+        raise OSError(24, "Too many open files")
+
+    state = {"w": torch.ones(600_000)}  # 2.3 MiB: a piece the pool would hash
+    monkeypatch.setattr(push_leaves, "_map_read_only", refuse)
+    with pack_state(state) as packed:
+        assert "leaves" not in packed.descriptor
+        validate_descriptor(packed.descriptor)
+    script = (
+        "import atexit, json, torch\n"
+        "from hotreload.protocol.shared_state import pack_state\n"
+        "def last():\n"
+        "    with pack_state({'w': torch.ones(600_000)}) as p:\n"
+        "        print(json.dumps(p.descriptor['leaves']))\n"
+        "atexit.register(last)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout) == {"w": _pieces(torch.ones(600_000))}, out.stderr

@@ -78,8 +78,13 @@ class LeafHasher:
     Use as a context manager: it unmaps the memfd only after every hash has ended."""
 
     def __init__(self, fd: int, size: int) -> None:
-        self._map = _map_read_only(fd, size) if size else None
+        try:
+            self._map = _map_read_only(fd, size) if size else None
+        except OSError:  # out of descriptors or address space: a push without leaves
+            self._map, size = None, 0
         self._view = memoryview(self._map) if self._map is not None else None
+        #: False: nothing is hashed (no room in the header, or no mapping): no leaves.
+        self.hashing = bool(size)
         self._pool: ThreadPoolExecutor | None = None  # started for the first big piece
         self._leaves: dict[str, list[Future[bytes]]] = {}
 
@@ -94,18 +99,26 @@ class LeafHasher:
         for start in range(0, nbytes, LEAF_BYTES):
             end = min(nbytes, start + LEAF_BYTES)
             put(start, end)
-            if end - start < INLINE_BYTES:
-                done: Future[bytes] = Future()
-                done.set_result(self._sha256(offset + start, offset + end))
-                futures.append(done)
-                continue
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    _hash_threads(), thread_name_prefix="hotreload-leaves"
-                )
-            futures.append(self._pool.submit(self._sha256, offset + start, offset + end))
+            if self.hashing:
+                futures.append(self._hash(offset + start, offset + end))
 
-    def leaves(self) -> dict[str, list[str]]:
+    def _hash(self, start: int, end: int) -> Future[bytes]:
+        if end - start >= INLINE_BYTES:
+            try:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        _hash_threads(), thread_name_prefix="hotreload-leaves"
+                    )
+                return self._pool.submit(self._sha256, start, end)
+            except RuntimeError:
+                pass  # the interpreter is shutting down (a push from atexit): no new threads
+        done: Future[bytes] = Future()
+        done.set_result(self._sha256(start, end))
+        return done
+
+    def leaves(self) -> dict[str, list[str]] | None:
+        if not self.hashing:
+            return None
         return {name: [f.result().hex() for f in fs] for name, fs in self._leaves.items()}
 
     def __enter__(self) -> LeafHasher:
@@ -126,13 +139,13 @@ class LeafHasher:
 
 def check_leaves(leaves: Any, tensors: list[dict[str, Any]]) -> None:
     """Raise ValueError unless `leaves` (a descriptor's, or None) names memfd tensors of
-    the descriptor with as many leaves of 64 hex digits as their bytes have pieces."""
+    the descriptor with as many leaves of 64 hex digits as their bytes have pieces. Their
+    size is not refused: the session keeps none over `MAX_LEAVES_JSON` (engine/model/pushes.py)."""
     if leaves is None:
         return
     if not isinstance(leaves, dict):
         raise ValueError(f"state.leaves must be an object (name -> leaves), got {leaves!r:.80}")
     sizes = {t["name"]: t["nbytes"] for t in tensors if t.get("via") == "memfd"}
-    total = 0
     for name, hexes in leaves.items():
         if name not in sizes:
             raise ValueError(
@@ -149,9 +162,3 @@ def check_leaves(leaves: Any, tensors: list[dict[str, Any]]) -> None:
             raise ValueError(
                 f"state.leaves[{name!r}] must hold sha256 digests as 64 lowercase hex digits"
             )
-        total += leaves_json_size(name, sizes[name])
-    if total > MAX_LEAVES_JSON:
-        raise ValueError(
-            f"state.leaves take about {total} bytes, over the {MAX_LEAVES_JSON}-byte bound; "
-            "send none for a push this big (the worker hashes it)"
-        )

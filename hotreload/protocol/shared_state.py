@@ -270,7 +270,7 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
             arr = _host_array(entry["name"], value)
             data = memoryview(arr.reshape(-1).view(np.uint8))
             offset = entry["offset"]
-            if hash_it:
+            if hasher.hashing:
                 hasher.write(
                     entry["name"],
                     offset,
@@ -281,8 +281,9 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
                 _write_all(fd, data, offset)
             del arr, data  # a non-contiguous tensor's copy lives one tensor long
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
-        if hash_it:
-            packed.descriptor["leaves"] = hasher.leaves()
+        leaves = hasher.leaves()
+        if leaves is not None:
+            packed.descriptor["leaves"] = leaves
     packed.descriptor["path"] = f"/proc/{os.getpid()}/fd/{fd}"
     packed.descriptor["memfd_name"] = memfd_name
 

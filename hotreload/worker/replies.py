@@ -25,6 +25,15 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
+def after_reply(fn: Any, *args: Any) -> None:
+    """`fn(*args)` once its op was answered: a failure goes to the worker's log (stderr,
+    the session's log file), not into a second reply to a request answered already."""
+    try:
+        fn(*args)
+    except Exception:
+        traceback.print_exc()
+
+
 def return_free_heap() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them for reuse otherwise)."""
     trim = _malloc_trim()

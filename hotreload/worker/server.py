@@ -335,7 +335,7 @@ class Worker:
         reply = {"id": frame.header["id"], "ok": True, "freed_bytes": 0}
         if self.device.type == "cpu":  # no count to report: the reply first, as unmapping
             self.send(reply)  # 1 GiB of weights takes 0.14 s that a reload need not wait for
-            loader.release(mv)
+            replies.after_reply(loader.release, mv)
             if mv is not None:
                 return_free_heap()  # else RSS steps up with each in-place reload
             return

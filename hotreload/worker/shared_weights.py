@@ -137,15 +137,26 @@ def leaves_over(
     return out
 
 
+def as_mapped(views: Mapping[str, torch.Tensor]) -> None:
+    """Note each view's in-place version counter as it was mapped: leaves named elsewhere
+    are of those bytes, and a write in this worker since (a load hook's, in place, onto its
+    private copy of a page) means they are not (`remember_over`)."""
+    for view in views.values():
+        view._hotreload_mapped_at = view._version  # type: ignore[attr-defined]
+
+
 def remember_over(
     state: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor], leaves: Any
 ) -> int:
-    """Remember `leaves` (as `leaves_over` gave them, in another worker) for the tensors of
-    `state` over `views`, this worker's mapping of the same memory; returns how many."""
+    """Remember `leaves` (as `leaves_over` gave them, in another worker, or as the client
+    hashed a push) for the tensors of `state` over `views`, this worker's mapping of the
+    same memory, unwritten since `as_mapped`; returns how many."""
     if not isinstance(leaves, dict) or not views:
         return 0
     over, n = _over(state), 0
     for name, view in views.items():
+        if getattr(view, "_hotreload_mapped_at", None) != view._version:
+            continue  # written here since it was mapped (or never noted): hashed here
         t = over.get(_at(view)) if view.device.type == "cpu" else None
         hexes = leaves.get(name)
         if t is None or not isinstance(hexes, list) or len(hexes) != -(-t.nbytes // CHUNK_BYTES):

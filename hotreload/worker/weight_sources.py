@@ -25,7 +25,7 @@ from hotreload.worker.adapters import AdapterSet, attach
 from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
-from hotreload.worker.shared_weights import SharedBlock, map_block
+from hotreload.worker.shared_weights import SharedBlock, as_mapped, map_block
 from hotreload.worker.weights import _problems, apply_prefix, load_weights, tied_groups
 
 
@@ -161,6 +161,8 @@ def _overlay_state(
         out[mine] = t if t.dtype == own[mine].dtype else t.to(own[mine].dtype)
         if views is not None and out[mine] is t and t.device.type == "cpu":
             views[k] = t  # by pushed name, as mapped (shared_weights.leaves_over)
+    if views:
+        as_mapped(views)
     return out
 
 
@@ -256,6 +258,7 @@ def place_weights(
         state, placed.not_reused = _mappable(model, base)
         placed.mapped, placed.keys = len(state), set(state)
         placed.mapped_views, placed.mapped_leaves = dict(state), base.get("leaves")
+        as_mapped(placed.mapped_views)
         read = [] if state else read
     if read and files:
         by_file: list[set[str]] = []

@@ -221,8 +221,8 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
         return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
 
     async def warm() -> dict[str, Any]:
-        if copied:  # same code, shapes and device as the version serving in this process:
-            # every lazy init, kernel choice and allocator pool the passes warm is warm
+        if copied and worker.device == "cpu":  # the serving version's code, shapes, process:
+            # its lazy inits and kernel choices are made (a CUDA one has a stream of its own)
             return {"skipped": True, "reason": "the serving module copied: warm already"}
         reply = worker.request(
             WorkerOp.WARM, None, target="staged", iters=spec.model.warmup_iters, **pace()

@@ -21,6 +21,7 @@ from typing import Any
 from hotreload.config import ModelConfig
 from hotreload.engine.file_stamp import FileStamp
 from hotreload.errors import BadRequestError
+from hotreload.protocol.push_leaves import MAX_LEAVES_JSON
 from hotreload.protocol.shared_state import validate_descriptor
 
 #: Closes memfds on a thread of its own: the last reference to 1 GiB of shared memory
@@ -75,7 +76,9 @@ def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
     except ValueError as exc:
         raise BadRequestError(f"update_weights: {exc}") from None
     state = dict(descriptor)
-    leaves = state.pop("leaves", None) or None  # travels beside the state (Overlay.wire)
+    leaves = state.pop("leaves", None) or None  # beside the state (Overlay.wire), when
+    if leaves and sum(len(k) + 8 + 67 * len(v) for k, v in leaves.items()) > MAX_LEAVES_JSON:
+        leaves = None  # they do not fit a build request's bound: a worker hashes the push
     fd = None
     if state.get("path"):
         try:
