@@ -50,17 +50,18 @@ def leaf_count(nbytes: int) -> int:
     return -(-nbytes // LEAF_BYTES)
 
 
-def leaves_json_size(name: str, nbytes: int) -> int:
-    """About what `name`'s leaves take in the JSON header (the worker's bound counts so)."""
-    return len(name) + 8 + 67 * leaf_count(nbytes)
+def leaves_json_size(name: str, count: int) -> int:
+    """About what `count` leaves of `name` take in a JSON header (`MAX_LEAVES_JSON`)."""
+    return len(name) + 8 + 67 * count
 
 
-def _hash_threads() -> int:
+def hash_threads(limit: int) -> int:
+    """Threads to hash with: `limit`, or fewer where this process may run on fewer CPUs."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(MAX_HASH_THREADS, cpus))
+    return max(1, min(limit, cpus))
 
 
 def _map_read_only(fd: int, size: int) -> mmap.mmap:
@@ -94,7 +95,7 @@ class LeafHasher:
 
     def write(self, name: str, offset: int, nbytes: int, put: Callable[[int, int], None]) -> None:
         """`put(start, end)` writes bytes [start, end) of tensor `name` (at `offset` in the
-        memfd); each leaf's piece is written, then handed to a hashing thread."""
+        memfd); each leaf's piece is written, then (while `hashing`) hashed."""
         futures = self._leaves.setdefault(name, [])
         for start in range(0, nbytes, LEAF_BYTES):
             end = min(nbytes, start + LEAF_BYTES)
@@ -107,7 +108,7 @@ class LeafHasher:
             try:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(
-                        _hash_threads(), thread_name_prefix="hotreload-leaves"
+                        hash_threads(MAX_HASH_THREADS), thread_name_prefix="hotreload-leaves"
                     )
                 return self._pool.submit(self._sha256, start, end)
             except RuntimeError:

@@ -262,7 +262,10 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
     os.ftruncate(fd, packed.descriptor["size"])
     # Leaves only where the header has room for them: else the worker hashes the push.
     hash_it = (
-        sum(push_leaves.leaves_json_size(e["name"], e["nbytes"]) for e, _ in host)
+        sum(
+            push_leaves.leaves_json_size(e["name"], push_leaves.leaf_count(e["nbytes"]))
+            for e, _ in host
+        )
         <= push_leaves.MAX_LEAVES_JSON
     )
     with push_leaves.LeafHasher(fd, packed.descriptor["size"] if hash_it else 0) as hasher:
@@ -270,15 +273,12 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
             arr = _host_array(entry["name"], value)
             data = memoryview(arr.reshape(-1).view(np.uint8))
             offset = entry["offset"]
-            if hasher.hashing:
-                hasher.write(
-                    entry["name"],
-                    offset,
-                    arr.nbytes,
-                    lambda a, b, data=data, at=offset: _write_all(fd, data[a:b], at + a),
-                )
-            elif arr.nbytes:
-                _write_all(fd, data, offset)
+            hasher.write(
+                entry["name"],
+                offset,
+                arr.nbytes,
+                lambda a, b, data=data, at=offset: _write_all(fd, data[a:b], at + a),
+            )
             del arr, data  # a non-contiguous tensor's copy lives one tensor long
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS | fcntl.F_SEAL_SEAL)
         leaves = hasher.leaves()

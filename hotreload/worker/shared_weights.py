@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from hotreload.protocol.push_leaves import MAX_LEAVES_JSON
-from hotreload.worker.weights_digest import CHUNK_BYTES, REMEMBERED, digest_later, state_digest
+from hotreload.protocol.push_leaves import MAX_LEAVES_JSON, leaf_count, leaves_json_size
+from hotreload.worker.weights_digest import REMEMBERED, digest_later, state_digest
 
 ALIGN = 64
 
@@ -131,7 +131,7 @@ def leaves_over(
         leaves = REMEMBERED.get(t) if t is not None else None
         if leaves is not None:
             out[name] = [leaf.hex() for leaf in leaves]
-            size += len(name) + 8 + 67 * len(leaves)
+            size += leaves_json_size(name, len(leaves))
             if size > MAX_LEAVES_JSON:
                 return {}
     return out
@@ -159,7 +159,7 @@ def remember_over(
             continue  # written here since it was mapped (or never noted): hashed here
         t = over.get(_at(view)) if view.device.type == "cpu" else None
         hexes = leaves.get(name)
-        if t is None or not isinstance(hexes, list) or len(hexes) != -(-t.nbytes // CHUNK_BYTES):
+        if t is None or not isinstance(hexes, list) or len(hexes) != leaf_count(t.nbytes):
             continue  # not over this view, or not leaves of its size: hashed here
         try:
             got = [bytes.fromhex(h) for h in hexes]

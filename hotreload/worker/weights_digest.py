@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from hotreload.protocol.push_leaves import LEAF_BYTES
+from hotreload.protocol.push_leaves import LEAF_BYTES, hash_threads
 
 #: A leaf's piece (a client hashing a push as it packs uses the same: push_leaves.py).
 CHUNK_BYTES = LEAF_BYTES
@@ -68,14 +68,6 @@ MAX_THREADS = 4
 #: GPU chunks copied to the host ahead of the hashing (bounds host memory to this many).
 _MAX_IN_FLIGHT = 8
 _U32 = struct.Struct("<I")
-
-
-def _threads() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_THREADS, cpus))
 
 
 #: CPUs the hashing runs on (a worker's build CPUs; None: anywhere). Set with `hash_on`.
@@ -203,7 +195,9 @@ def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = Non
     # Tensors over the same bytes (tied weights) share their leaves: hashed once.
     shared: dict[tuple[str, int, int, str], list[Future[bytes]]] = {}
     fresh: list[tuple[torch.Tensor, list[Future[bytes]]]] = []
-    with ThreadPoolExecutor(threads or _threads(), thread_name_prefix="digest") as pool:
+    with ThreadPoolExecutor(
+        threads or hash_threads(MAX_THREADS), thread_name_prefix="digest"
+    ) as pool:
         leaves: list[list[Future[bytes]]] = []
         for name in names:
             t = state[name]

@@ -76,9 +76,12 @@ def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
     except ValueError as exc:
         raise BadRequestError(f"update_weights: {exc}") from None
     state = dict(descriptor)
-    leaves = state.pop("leaves", None) or None  # beside the state (Overlay.wire), when
+    # Beside the state (Overlay.wire), when they fit a build request's bound. The size is
+    # push_leaves.leaves_json_size's, written out: a call back into protocol/ here would be
+    # a step out and back on the push path (tests/supervisor/test_reload_trace.py).
+    leaves = state.pop("leaves", None) or None
     if leaves and sum(len(k) + 8 + 67 * len(v) for k, v in leaves.items()) > MAX_LEAVES_JSON:
-        leaves = None  # they do not fit a build request's bound: a worker hashes the push
+        leaves = None  # a worker mapping the push hashes it
     fd = None
     if state.get("path"):
         try:
