@@ -9,10 +9,13 @@ bounded in time (and in count), run one after the other:
           invalid ones (a FIFO, another process's memfd, an unknown name, a wrong shape,
           a wrong dtype), each of which must be refused with its cause;
 - faults: the serving worker killed (SIGKILL), a request that crashes its worker, one
-          that hangs it, a header that grows past the worker's limit; after each the
+          that hangs it (it must be the one told, and a request sent just after it must
+          be answered), a header that grows past the worker's limit; after each the
           session must answer again within a deadline, without the culprit killing twice;
 - fuzz:   random bad frames and headers on the socket and malformed HTTP, each of which
-          must get an answer (or a clean close), the session answering after.
+          must get an answer (or a clean close), the session answering after;
+- text:   a GPT-2 session with two LoRA adapters (benchmarks/attack_text.py): hostile text
+          requests, an adapter file saved in place, a NaN push to an adapter (issue 38).
 
 Prints the totals as a table. Everything started here is stopped here, by pid.
 
@@ -43,6 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.attack_text import report, run_text_attack
 from hotreload import Client
 from hotreload.errors import (
     BadRequestError,
@@ -112,8 +116,10 @@ def start(folder: Path) -> Session:
     model = proj / "model.py"
     text = model.read_text()
     # A forward that crashes on x > 1e6 and hangs on x < -1e6: the faults phase's culprits.
-    text = text.replace("class MLP(nn.Module):", CRASHY + "\n\nclass MLP(nn.Module):")
+    # The model's forward is decorated first: done after CRASHY is in, the first `def
+    # forward` is CRASHY's own, and the crash and hang cases tested nothing (until issue 38).
     text = text.replace("    def forward(self, x", "    @crashy\n    def forward(self, x", 1)
+    text = text.replace("class MLP(nn.Module):", CRASHY + "\n\nclass MLP(nn.Module):")
     model.write_text(text)
     config = proj / "hotreload.toml"
     config.write_text(
@@ -308,12 +314,15 @@ def phase_faults(session: Session, seconds: float) -> Tally:
                 kids = psutil.Process(session.proc.pid).children(recursive=True)
                 if kids:
                     os.kill(kids[0].pid, signal.SIGKILL)
-            elif kind in ("crash", "hang"):
-                x = np.full((1, 64), 1e7 if kind == "crash" else -1e7, np.float32)
+            elif kind == "crash":
                 try:
-                    c.infer("mlp", x)
+                    c.infer("mlp", np.full((1, 64), 1e7, np.float32))
                 except CLEAN:
                     pass
+            elif kind == "hang":
+                ok, note = _hang_is_blamed(session, c)
+                if not ok:
+                    tally.add(False, note)
             else:
                 try:
                     c.infer("mlp", X, parameters={"text": "a" * (2 << 20)})
@@ -324,6 +333,33 @@ def phase_faults(session: Session, seconds: float) -> Tally:
         expected = 0 if kind == "big header" else 1
         tally.add(ok and died <= expected, f"{kind}: answers={ok}, worker deaths={died}")
     return tally
+
+
+def _hang_is_blamed(session: Session, c: Client) -> tuple[bool, str]:
+    """Item 4: a forward that hangs is killed past its deadline, and the request that hung
+    is the one told; an innocent request sent just after it is answered (on the restarted
+    worker), never told it "may be what killed the worker"."""
+    innocent: list[Any] = []
+
+    def send() -> None:
+        time.sleep(0.2)
+        try:
+            with Client(config=session.config, timeout_s=20) as c2:
+                innocent.append(c2.infer("mlp", X))
+        except Exception as exc:
+            innocent.append(exc)
+
+    t = threading.Thread(target=send)
+    t.start()
+    try:
+        c.infer("mlp", np.full((1, 64), -1e7, np.float32))
+        hung: object = "answered"
+    except CLEAN as exc:
+        hung = exc
+    t.join(30)
+    told = isinstance(hung, RequestTimeoutError) and "past its deadline" in str(hung)
+    answered = bool(innocent) and not isinstance(innocent[0], Exception)
+    return told and answered, f"hang: the hung request got {hung!r}; the innocent {innocent!r}"
 
 
 def _deaths(session: Session) -> int:
@@ -442,6 +478,9 @@ def _fuzz_http(host: str, port: int, rng: random.Random) -> tuple[bool, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="time per phase")
+    ap.add_argument(
+        "--skip-text", action="store_true", help="leave out the GPT-2 text and adapter phase"
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hotreload-attack-"))
     session = start(tmp)
@@ -470,13 +509,23 @@ def main() -> None:
                 kept.wait(10)
             else:
                 kept.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.skip_text or sys.exc_info()[0] is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    text = None
+    if not args.skip_text:
+        print("  text and adapters: a GPT-2 session with two LoRA adapters", flush=True)
+        try:
+            text = run_text_attack(tmp / "text")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{'phase':<26} {'tried':>8} {'clean':>8} {'seconds':>8}")
     for name, tally, took in rows:
         print(f"{name:<26} {tally.tried:>8} {tally.passed:>8} {took:>8.1f}")
     for name, tally, _ in rows:
         for note in tally.notes:
             print(f"  {name}: {note}")
+    if text is not None:
+        report(text)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ inside the `hotreload` package during each of them is recorded; the figures are
                      back to a file read before (a "bounce")
 
 Run it as `python benchmarks/reload_trace.py` (add `--calls` to list every cross-file
-call). tests/supervisor/test_reload_trace.py holds the figures to the targets of issue 25.
+call). It is a tool for reading the code, no longer a test: a count held by a test shaped
+the code to fit it (issue 39).
 The counts depend only on the code, never on timing: the fake worker answers at once.
 """
 

@@ -20,11 +20,11 @@ from hotreload.errors import HotreloadError
 MAX_SOCKET_PATH = 107
 
 
-def user_runtime_dir() -> Path:
-    """This user's own folder for sockets and lock files: `$XDG_RUNTIME_DIR/hotreload` when
-    that folder is ours (the login manager makes it 0700), else `hotreload-<uid>` in the
-    temp folder, which `ensure_private_dir` creates 0700 or refuses when another user made it
-    first."""
+def _runtime_candidates() -> list[Path]:
+    """Where this user's sockets and lock files may go, best first: `$XDG_RUNTIME_DIR` (the
+    login manager's private folder, when it is ours), `hotreload-<uid>` in the temp folder,
+    and a folder in this user's cache (under the home folder: no other user can make it)."""
+    out = []
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         try:
@@ -37,8 +37,53 @@ def user_runtime_dir() -> Path:
             and st.st_uid == os.getuid()
             and os.access(runtime, os.W_OK)
         ):
-            return Path(runtime) / "hotreload"
-    return Path(tempfile.gettempdir()) / f"hotreload-{os.getuid()}"
+            out.append(Path(runtime) / "hotreload")
+    out.append(Path(tempfile.gettempdir()) / f"hotreload-{os.getuid()}")
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    out.append(Path(cache) / "hotreload" / "run")
+    return out
+
+
+def _taken(path: Path) -> str | None:
+    """Why `path` cannot be this user's private folder as it stands (None: it can, or it
+    does not exist yet): another user made it first, or it is a link or a file."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a plain folder (a symbolic link or a file)"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to uid {st.st_uid}, not you (another user made it first)"
+    return None
+
+
+def user_runtime_dir() -> Path:
+    """This user's own folder for sockets and lock files: the first of `_runtime_candidates`
+    that no one else took. A `hotreload-<uid>` another local user made first in the shared
+    temp folder used to stop every session from starting; it is passed over (and said once
+    by `runtime_dir_note`). Sessions and clients choose alike, so they meet at one socket.
+    When every candidate is taken, the temp one is returned and `ensure_private_dir` refuses
+    it, saying why."""
+    candidates = _runtime_candidates()
+    for path in candidates:
+        if _taken(path) is None:
+            return path
+    return candidates[-2]
+
+
+def runtime_dir_note() -> str | None:
+    """One line when a better place for sockets and locks was passed over (None: none)."""
+    chosen = user_runtime_dir()
+    for path in _runtime_candidates():
+        if path == chosen:
+            return None
+        why = _taken(path)
+        if why is not None:
+            return f"{why}; sockets and locks go to {chosen} instead (remove it to use it again)"
+    return None
 
 
 def default_socket_dir() -> Path:

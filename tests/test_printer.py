@@ -120,6 +120,17 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ),
     (
         {
+            "kind": "lock_wait",
+            "model": "mlp",
+            "device": "cuda:0",
+            "message": "waiting for the cuda:0 reload lock, held by pid 7, model 'bert', "
+            "config /p/hotreload.toml",
+        },
+        "mlp: waiting for the cuda:0 reload lock, held by pid 7, model 'bert', "
+        "config /p/hotreload.toml",
+    ),
+    (
+        {
             "kind": "recycle_disabled",
             "model": "mlp",
             "reason": "the model does not survive a second import",

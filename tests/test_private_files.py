@@ -13,6 +13,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +26,7 @@ from hotreload.config import load_config
 from hotreload.engine.cpus import plan_cpus
 from hotreload.engine.locks import LOCK_DIR_ENV, DeviceLocks, default_lock_dir, open_lock_file
 from hotreload.errors import HotreloadError
+from hotreload.paths import runtime_dir_note, socket_path_for
 from tests.support import ServeProcess, make_project, wait_until
 
 IS_ROOT = os.geteuid() == 0
@@ -149,9 +151,32 @@ def test_another_user_can_neither_hold_nor_open_our_locks(
         holder.wait(10)
 
 
-def test_a_lock_folder_made_by_another_user_is_refused(
-    machine_tmp: Path, other_user: OtherUser
+def test_a_runtime_folder_made_by_another_user_is_passed_over_and_said(
+    machine_tmp: Path, other_user: OtherUser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 38, item 9: a squatted `hotreload-<uid>` no longer stops the session; sockets
+    and locks go to the user's cache folder, and one line says so."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    squat = machine_tmp / f"hotreload-{os.getuid()}"
+    assert other_user.run("mkdir", "-m", "0777", str(squat)).returncode == 0
+    fallback = tmp_path / "cache" / "hotreload" / "run"
+    assert default_lock_dir() == fallback / "locks"
+    os.close(open_lock_file(default_lock_dir(), "cuda:0"))
+    assert _mode(fallback) == 0o700 and not any(squat.iterdir())
+    note = runtime_dir_note()
+    assert note is not None and "\n" not in note
+    assert f"{squat} belongs to uid {other_user.uid}" in note and str(fallback) in note
+    # Clients find the session's socket in the same place.
+    assert socket_path_for(Path("/x/hotreload.toml")).parent == fallback
+
+
+def test_every_runtime_folder_taken_is_refused_saying_why(
+    machine_tmp: Path, other_user: OtherUser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    (cache / "hotreload").mkdir(parents=True)
+    (cache / "hotreload" / "run").symlink_to(tmp_path)
     squat = machine_tmp / f"hotreload-{os.getuid()}"
     assert other_user.run("mkdir", "-m", "0777", str(squat)).returncode == 0
     with pytest.raises(HotreloadError, match=rf"{squat} belongs to uid {other_user.uid}"):
@@ -176,12 +201,17 @@ def test_a_planted_symlink_in_the_lock_folder_is_refused_not_followed(
     assert not target.exists()
 
 
-def test_a_symlinked_lock_folder_is_refused(machine_tmp: Path, tmp_path: Path) -> None:
+def test_a_symlinked_runtime_folder_is_passed_over_not_followed(
+    machine_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "real").mkdir(mode=0o700)
     link = machine_tmp / f"hotreload-{os.getuid()}"
     link.symlink_to(tmp_path / "real")
-    with pytest.raises(HotreloadError, match="not a plain folder"):
-        open_lock_file(default_lock_dir(), "cuda:0")
+    os.close(open_lock_file(default_lock_dir(), "cuda:0"))
+    assert default_lock_dir() == tmp_path / "cache" / "hotreload" / "run" / "locks"
+    assert not any((tmp_path / "real").iterdir())
+    assert "not a plain folder" in (runtime_dir_note() or "")
 
 
 # ---------------------------------------------------------------------- the state folder
@@ -247,3 +277,24 @@ def test_a_symlinked_state_folder_or_events_file_is_refused(
     assert code == 3, proc.output
     assert f"{where} is" in proc.output and "symbolic link" in proc.output, proc.output
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
+
+
+def test_a_session_starts_beside_a_squatted_runtime_folder_and_says_where(
+    machine_tmp: Path,
+    other_user: OtherUser,
+    tmp_path: Path,
+    serve: ServeProcess.Factory,
+    project: Path,
+) -> None:
+    squat = machine_tmp / f"hotreload-{os.getuid()}"
+    assert other_user.run("mkdir", "-m", "0777", str(squat)).returncode == 0
+    cache = tmp_path / "cache"
+    env = {"TMPDIR": str(machine_tmp), "XDG_CACHE_HOME": str(cache)}
+    session = serve(project, env=env)
+    notes = [line for line in session.lines if "note:" in line and str(squat) in line]
+    assert len(notes) == 1 and str(cache / "hotreload" / "run") in notes[0], session.output
+    status = subprocess.run(
+        [sys.executable, "-m", "hotreload", "status", "--config", str(project)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -260,10 +259,10 @@ def test_hung_forward_is_detected_and_the_worker_respawned(tmp_path: Path, serve
     assert "restarted with v1" in outcome["error"]
     t.join(45)
     assert not t.is_alive()
-    # Not sent again to the restarted worker (it may be what hung the worker): its caller
-    # is told why, and nothing hangs the new worker.
-    assert errors and isinstance(errors[0], WorkerUnavailableError)
-    assert "not sent again" in str(errors[0])
+    # Not sent again to the restarted worker (it hung the worker): its caller is told so,
+    # a timeout (issue 38), and nothing hangs the new worker.
+    assert errors and isinstance(errors[0], RequestTimeoutError), errors
+    assert "killed past its deadline" in str(errors[0]) and "not sent again" in str(errors[0])
     status = client.status()["models"][0]
     assert status["restarts"] == 1
     assert status["pid"] != pid and status["state"] == "serving"
@@ -530,7 +529,10 @@ def example():
 """
 
 
-def test_two_sessions_sharing_a_lock_never_overlap(tmp_path: Path, serve) -> None:
+def test_two_sessions_cpu_reloads_do_not_wait_for_each_other(tmp_path: Path, serve) -> None:
+    """Issue 38, item 13: the cross-session lock is for a GPU (loads on one device fragment
+    its memory); two unrelated sessions' CPU reloads run side by side, neither waits. The
+    GPU lock across sessions: tests/test_reload_lock.py."""
     configs = []
     for name in ("a", "b"):
         configs.append(
@@ -558,21 +560,15 @@ def test_two_sessions_sharing_a_lock_never_overlap(tmp_path: Path, serve) -> Non
     for t in threads:
         t.join(60)
         assert not t.is_alive()
-    windows = []
-    for config in configs:
-        start = None
-        for e in read_events(config):
-            if e["kind"] == "phase_start" and start is None and e.get("phase") != "lock":
-                start = e["ts"]
-            if e["kind"] == "reload_done":
-                windows.append((start, e["ts"], config.parent.parent.name))
-                start = None
-    assert len(windows) == 6
-    windows.sort()
-    for (_, e1, n1), (s2, _, n2) in itertools.pairwise(windows):
-        assert s2 >= e1, f"reload of {n2} started before {n1}'s ended"
-    waited = sum(1 for c in configs for e in read_events(c) if e.get("phase") == "lock")
-    assert waited >= 1, "one session must have waited for the other's lock"
+    waited = [
+        (c.parent.parent.name, e.get("detail"))
+        for c in configs
+        for e in read_events(c)
+        if e.get("phase") == "lock" or e["kind"] == "lock_wait"
+    ]
+    assert waited == [], "a CPU reload waited for another session's lock"
+    done = sum(1 for c in configs for e in read_events(c) if e["kind"] == "reload_done")
+    assert done == 6
 
 
 def test_a_broken_config_edit_is_reported_and_a_live_setting_reloads_nothing(

@@ -123,6 +123,16 @@ class ModelCheck:
         self._add(Step(name, True, time.monotonic() - t0, detail, figures))
         return result
 
+    def _say_wait(self, event: dict[str, Any]) -> None:
+        """A reload waiting for its device's lock is said at once, with the holder: a check
+        silent for half a minute reads as a hang."""
+        if event.get("kind") == "lock_wait":
+            line = f"{event.get('model')}: {event.get('message')}"
+            if self.progress is not None:
+                self.progress.note(line)
+            else:
+                print(f"hotreload check: {line}", file=sys.stderr, flush=True)
+
     def _add(self, step: Step) -> None:
         self.report.steps.append(step)
         if self.progress is not None:
@@ -130,6 +140,7 @@ class ModelCheck:
 
     async def run(self) -> ModelReport:
         events = EventBus(None)
+        events.subscribe(self._say_wait)
         session = Session(
             self.config,
             events=events,

@@ -41,6 +41,10 @@ class LiveProgress:
         self._stop_ticker()
         self._write(_REDRAW + "".join(line + "\n" for line in self.format_step(step)))
 
+    def note(self, text: str) -> None:
+        """A line said while a step runs (its ticking line is drawn again on the next tick)."""
+        self._write(f"{_REDRAW}  {text}\n")
+
     def _stop_ticker(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()

@@ -102,6 +102,7 @@ FORMATTERS: dict[str, Formatter] = {
     "snapshot_rewritten": lambda e: f"{_m(e)}: warning: {e.get('message')}",
     "weights_override": lambda e: f"{_m(e)}: warning: {e.get('message')}",
     "checkpoint_wait": lambda e: f"{_m(e)}: {e.get('message')}",
+    "lock_wait": lambda e: f"{_m(e)}: {e.get('message')}",
     "recycle_disabled": lambda e: (
         f"{_m(e)}: {e.get('reason')}; from now on each standby is a fresh process"
     ),

@@ -6,11 +6,20 @@ Meant for an editor key binding: exits 0 when every reload succeeded, 1 when one
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import sys
+import threading
 from typing import Any
 
+from hotreload.client import AsyncClient
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK
+from hotreload.protocol import Frame
 from hotreload.session_call import call_session
+
+#: Event kinds said at once while `hotreload reload` waits: why it has not answered yet.
+_WAIT_KINDS = frozenset({"lock_wait", "checkpoint_wait"})
 
 
 def format_outcome(o: dict[str, Any]) -> str:
@@ -29,13 +38,62 @@ def format_outcome(o: dict[str, Any]) -> str:
     return text
 
 
+class WaitNotes:
+    """Prints, while the reload runs, what it waits for (a lock another session holds, a
+    checkpoint still being written): a reload silent for 20 s reads as a hang. A thread with
+    its own loop and connection, so the reload's blocking call is left as it is; a session
+    it cannot reach is the main call's to report."""
+
+    def __init__(self, config: str | None, model: str | None) -> None:
+        self.config, self.model = config, model
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reload-notes", daemon=True)
+
+    def __enter__(self) -> WaitNotes:
+        self._thread.start()
+        self._ready.wait(2.0)  # subscribed (or given up): a wait from now on is seen
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(2.0)
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run(self._watch())
+        self._ready.set()
+
+    async def _watch(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+
+        def on_frame(frame: Frame | None) -> None:
+            event = frame.header.get("event") if frame is not None else None
+            if not isinstance(event, dict) or frame is None or frame.header.get("replayed"):
+                return
+            if event.get("kind") in _WAIT_KINDS and self.model in (None, event.get("model")):
+                print(f"{event.get('model')}: {event.get('message')}", file=sys.stderr, flush=True)
+
+        client = AsyncClient(self.config)
+        try:
+            await client.subscribe({"op": "events"}, on_frame)
+            self._ready.set()
+            await self._stop.wait()
+        finally:
+            await client.close()
+
+
 def reload_main(
     config: str | None, model: str | None, *, as_json: bool = False, force: bool = False
 ) -> int:
     """`force`: build even when nothing changed since the serving version's build (by
     default such a reload is a no-op that says "unchanged: nothing to reload")."""
     # No timeout: a reload takes as long as the model's load (its deadlines bound it).
-    reply, code = call_session(config, lambda c: c.reload(model, force=force), timeout_s=None)
+    with WaitNotes(config, model):
+        reply, code = call_session(config, lambda c: c.reload(model, force=force), timeout_s=None)
     if reply is None:
         return code or EXIT_FAILURE
     outcomes = reply.get("outcomes", [])

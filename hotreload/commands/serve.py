@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import FrontEnd, FrontEndStarter, Session
 from hotreload.errors import ConfigError, HotreloadError
 from hotreload.exitcodes import EXIT_OK, error_exit, exit_code_for
-from hotreload.paths import socket_path_for
+from hotreload.paths import runtime_dir_note, socket_path_for
 from hotreload.preflight import preflight
 
 
@@ -117,6 +118,9 @@ def run_with_config(
         # Before anything is built: a second `watch`/`serve` on a live config says so and
         # exits 3, and writes nothing into the live session's state folder.
         socket_file = socket_path_for(config.path, config.socket_dir)
+        note = runtime_dir_note() if config.socket_dir is None else None
+        if note:
+            print(f"hotreload: note: {note}", file=sys.stderr, flush=True)
         if socket_answers(socket_file):
             raise AlreadyServingError(socket_file)
         return run(config)

@@ -18,7 +18,7 @@ from hotreload.config import adapters as adapters_mod
 from hotreload.config import weights as weights_mod
 from hotreload.config.checker import Checker, kind_of
 from hotreload.config.shapes import parse_shapes
-from hotreload.config.text import parse_text
+from hotreload.config.text import parse_max_prompt_tokens, parse_text
 
 #: Overrides every model's `device` (used by scripts/gpu-check.sh to force `cuda:0`).
 DEVICE_ENV = "HOTRELOAD_DEVICE"
@@ -178,6 +178,11 @@ class ModelConfig:
     #: Its tokenizer: a folder as `save_pretrained` writes it (unset: the model module's
     #: own `encode`/`decode`).
     tokenizer: Path | None = None
+    #: The most tokens a text request's prompt may hold; longer is refused at once (400).
+    #: Unset: the model's context length, read from its config (`max_position_embeddings`,
+    #: `n_positions`, ...) or its tokenizer's `model_max_length`, less the request's
+    #: `max_tokens`; the context bound applies as well when this is set.
+    max_prompt_tokens: int | None = None
     #: peft LoRA adapter folders served over the base, chosen per request
     #: (`parameters={"adapter": name}`): `{ a = "adapters/a" }` or a list of folders.
     adapters: tuple[adapters_mod.Adapter, ...] = ()
@@ -219,6 +224,7 @@ MODEL_KEYS = (
     "shapes",
     "generator",
     "tokenizer",
+    "max_prompt_tokens",
     "adapters",
     "default_adapter",
 )
@@ -410,6 +416,7 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         shapes=shapes,
         generator=generator,
         tokenizer=tokenizer,
+        max_prompt_tokens=parse_max_prompt_tokens(m, generator),
         adapters=adapters,
         default_adapter=adapters_mod.parse_default_adapter(m, adapters),
     )

@@ -3,6 +3,7 @@ completions, `/v2/models/{name}/generate`, `/tokenize`), and what tokenizes for 
 
     generator = true            # forward(input_ids) returns logits (or an output with .logits)
     tokenizer = "tokenizer/"    # a save_pretrained folder; left out: the module's encode/decode
+    max_prompt_tokens = 4096    # the longest prompt a request may send; left out: the context
 """
 
 from __future__ import annotations
@@ -33,3 +34,26 @@ def parse_text(m: Checker, root: Path) -> tuple[bool, Path | None]:
             "tokenizer.save_pretrained(folder)",
         )
     return generator, folder.resolve()
+
+
+#: The largest `max_prompt_tokens` taken: no model attends over more, so a larger one is a typo.
+MAX_PROMPT_TOKENS_LIMIT = 1 << 30
+
+
+def parse_max_prompt_tokens(m: Checker, generator: bool) -> int | None:
+    """`max_prompt_tokens`, checked: a positive integer, for a text generator only."""
+    value = m.get("max_prompt_tokens", int, None, "an integer (tokens)")
+    if value is None:
+        return None
+    if not 1 <= value <= MAX_PROMPT_TOKENS_LIMIT:
+        m.fail(
+            m.sub("max_prompt_tokens"),
+            f"expected an integer between 1 and {MAX_PROMPT_TOKENS_LIMIT}, got {value}",
+        )
+    if not generator:
+        m.fail(
+            m.sub("max_prompt_tokens"),
+            "max_prompt_tokens bounds a text generator's prompts: set generator = true as "
+            "well (or remove max_prompt_tokens)",
+        )
+    return int(value)

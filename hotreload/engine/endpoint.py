@@ -4,7 +4,8 @@ Each connection may pipeline requests; every reply carries the request's id. A m
 frame gets an error reply and the connection is closed (a length-prefixed stream cannot be
 resynchronised), while the worker and every other connection carry on. A whole frame whose
 header fields have the wrong types (`protocol/header_fields.py`) gets a `bad_request` reply
-naming the field, and the connection stays open.
+naming the field, and the connection stays open. A client that sends part of a frame and
+then nothing for `partial_frame_timeout_s` is told so and dropped, with one line on stderr.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import os
 import socket
 import struct
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,9 @@ Push = Callable[[dict[str, Any]], bool]
 StreamHandler = Callable[[dict[str, Any], Push], Callable[[], None]]
 #: A subscriber whose unsent output passes this is cut off: it stopped reading.
 MAX_STREAM_BACKLOG_BYTES = 8 * 1024 * 1024
+#: How long a client may leave a frame half sent before it is dropped (the bytes held for
+#: it are memory, and a connection): generous, as a big frame from a busy client is slow.
+PARTIAL_FRAME_TIMEOUT_S = 30.0
 
 
 def error_header(rid: Any, exc: BaseException) -> dict[str, Any]:
@@ -74,8 +79,11 @@ class Endpoint:
         fast_handlers: dict[str, FastHandler] | None = None,
         stream_handlers: dict[str, StreamHandler] | None = None,
         peer_handlers: dict[str, PeerHandler] | None = None,
+        partial_frame_timeout_s: float = PARTIAL_FRAME_TIMEOUT_S,
     ) -> None:
         self.path = path
+        #: Seconds a client may go silent in the middle of a frame before it is dropped.
+        self.partial_frame_timeout_s = partial_frame_timeout_s
         self.handlers = handlers
         self.peer_handlers = peer_handlers or {}
         self.fast_handlers = fast_handlers or {}
@@ -156,6 +164,17 @@ class Endpoint:
             conn.write(pack_frame(error_header(None, BadRequestError(str(exc)))))
             conn.close()
 
+        def on_stall(held: int) -> None:
+            wait = self.partial_frame_timeout_s
+            why = f"sent {held} bytes of a frame, then nothing for {wait:g} s"
+            print(f"hotreload: socket client dropped: it {why}", file=sys.stderr)
+            conn.write(pack_frame(error_header(None, BadRequestError(f"the client {why}"))))
+            # A client that does not read either holds the answer unsent: cut it off.
+            if conn.write_buffer_size():
+                conn.abort()
+            else:
+                conn.close()
+
         def on_close(exc: Exception | None) -> None:
             for stop in stops:
                 with contextlib.suppress(Exception):
@@ -168,6 +187,8 @@ class Endpoint:
             on_error=on_error,
             on_close=on_close,
             on_open=self._connections.add,
+            stall_timeout_s=self.partial_frame_timeout_s,
+            on_stall=on_stall,
         )
         return conn
 

@@ -22,8 +22,6 @@ Adding a kind:
   tests/test_event_kinds.py reads every `emit("kind", ...)`, `emit(Kind(...))` and
   `set_state(...)` in hotreload/ and checks kind and keywords against this registry (a call
   site and its dataclass cannot drift apart), and fails for a kind nothing makes.
-  This module is to stay under 500 lines (tests/test_module_size.py): past that, move a
-  group below into a module of its own and import it at the end of this one.
 
 Engine code that imports only the standard library (no torch, textual, pynvml or front end).
 """
@@ -368,6 +366,15 @@ class CheckpointWait(ModelEvent):
     """A reload waits for a weights file still being written (engine/checkpoint_ready.py)."""
 
     file: str
+    message: str
+
+
+@event("lock_wait")
+class LockWait(ModelEvent):
+    """A reload has waited over a second for its device's lock (engine/locks.py)."""
+
+    device: str
+    #: Who holds it: "waiting for the cuda:0 reload lock, held by pid 12, model 'a', config …".
     message: str
 
 

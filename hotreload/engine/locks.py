@@ -1,12 +1,20 @@
-"""One reload at a time per device: an asyncio lock inside the process, and an `fcntl`
-file lock shared by every hotreload process of this user, so two sessions on one GPU never
-reload at once (two loads racing for VRAM is how a reload runs a device out of memory).
+"""One reload at a time per device: an asyncio lock inside the process and, for a GPU, an
+`fcntl` file lock shared by every hotreload process of this user, so two sessions on one GPU
+never load at once (two loads racing for VRAM is how a reload runs a device out of memory,
+and loads on one GPU fragment its memory).
+
+The CPU has no such lock across sessions: two unrelated projects' CPU reloads do not fight
+over a device, and one made the other's `hotreload reload` wait 22 s in silence. Inside one
+session, CPU reloads still go one at a time (they share the session's cores).
+
+A wait that passes `tell_after_s` (1 s) is said at once, with who holds the lock: the
+holder writes its pid, model and config into the lock file (in-process, the holding model
+is known directly).
 
 The lock files live in a folder only this user can enter (`user_runtime_dir()/locks`, 0700,
 files 0600): in a folder every user could write, another user could hold a lock (and stall
 every reload) or plant a symbolic link for us to open. Sessions of other users are not
-serialized with ours; the kernel's own limits keep them apart.
-"""
+serialized with ours; the kernel's own limits keep them apart."""
 
 from __future__ import annotations
 
@@ -71,37 +79,100 @@ def open_lock_file(folder: Path, key: str) -> int:
     return fd
 
 
-def mark_holder(fd: int) -> None:
-    """Write this process's pid into a lock file it holds (named in "waiting for" lines)."""
+def mark_holder(fd: int, holder: str | None = None) -> None:
+    """Write who holds the lock (default: this pid) into its file, for "waiting for" lines."""
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    text = holder if holder is not None else str(os.getpid())
+    os.pwrite(fd, text.encode(errors="replace")[:_HOLDER_BYTES], 0)
+
+
+#: Longest holder text kept in a lock file (pid, model and config path).
+_HOLDER_BYTES = 1024
+
+
+def shares_across_sessions(key: str) -> bool:
+    """Whether reloads on `key` wait for other sessions' too: a GPU's do, the CPU's do not."""
+    return key != "cpu"
 
 
 class DeviceLocks:
-    """`async with locks.hold("cuda:0"):` serializes reloads on that device machine-wide."""
+    """`async with locks.hold("cuda:0", model="m"):` serializes reloads on that device: in
+    this session always, and machine-wide for a GPU."""
 
-    def __init__(self, folder: Path | None = None, poll_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        folder: Path | None = None,
+        poll_s: float = 0.02,
+        *,
+        config: str | os.PathLike[str] | None = None,
+        tell_after_s: float = 1.0,
+    ) -> None:
         self.folder = folder or default_lock_dir()
         self.poll_s = poll_s
+        #: The session's config, named to whoever waits for a lock this session holds.
+        self.config = str(config) if config is not None else None
+        self.tell_after_s = tell_after_s
         self._local: dict[str, asyncio.Lock] = {}
+        #: key -> who holds it in this process (the model), for a model waiting behind it.
+        self._holders: dict[str, str] = {}
 
     def _lock(self, key: str) -> asyncio.Lock:
         if key not in self._local:
             self._local[key] = asyncio.Lock()
         return self._local[key]
 
+    def describe(self, model: str | None) -> str:
+        parts = [f"pid {os.getpid()}"]
+        if model:
+            parts.append(f"model {model!r}")
+        if self.config:
+            parts.append(f"config {self.config}")
+        return ", ".join(parts)
+
     @contextlib.asynccontextmanager
     async def hold(
-        self, key: str, on_wait: Callable[[str], None] | None = None
+        self,
+        key: str,
+        on_wait: Callable[[str], None] | None = None,
+        *,
+        model: str | None = None,
     ) -> AsyncIterator[float]:
-        """Hold the device lock; yields the seconds spent waiting for another holder."""
-        contended_since: float | None = None
-        if self._lock(key).locked():
-            contended_since = time.monotonic()
-        async with self._lock(key):
-            fd = await asyncio.to_thread(open_lock_file, self.folder, key)
-            told = False
-            try:
+        """Hold the device lock; yields the seconds spent waiting for another holder.
+        `on_wait` is called once, as soon as the wait passes `tell_after_s`, with a line
+        naming the holder."""
+        started = time.monotonic()
+        told = contended = False
+
+        def tell(holder: str) -> None:
+            nonlocal told, contended
+            contended = True
+            if on_wait is None or told or time.monotonic() - started < self.tell_after_s:
+                return
+            told = True
+            on_wait(f"waiting for the {key} reload lock, held by {holder or 'another process'}")
+
+        local = self._lock(key)
+        notice: asyncio.Task[None] | None = None
+        if local.locked():
+            tell("")  # contended: waiters are served in turn, and told at tell_after_s
+
+            async def say_later() -> None:
+                await asyncio.sleep(max(0.0, self.tell_after_s - (time.monotonic() - started)))
+                tell(self._holders.get(key, ""))
+
+            notice = asyncio.create_task(say_later())
+        try:
+            await local.acquire()
+        finally:
+            if notice is not None:
+                notice.cancel()
+        fd = None
+        try:
+            # Named before any wait for the file lock: a model of this session waiting behind
+            # it learns who holds the lock here, even while that one waits for another session.
+            self._holders[key] = self.describe(model)
+            if shares_across_sessions(key):
+                fd = await asyncio.to_thread(open_lock_file, self.folder, key)
                 while True:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -109,16 +180,14 @@ class DeviceLocks:
                     except OSError as exc:
                         if exc.errno not in (errno.EAGAIN, errno.EACCES):
                             raise
-                    if contended_since is None:
-                        contended_since = time.monotonic()
-                    if on_wait is not None and not told:
-                        told = True
-                        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-                        on_wait(f"waiting for the {key} reload lock (held by pid {holder or '?'})")
+                    tell(os.pread(fd, _HOLDER_BYTES, 0).decode(errors="replace").strip())
                     await asyncio.sleep(self.poll_s)
-                mark_holder(fd)
-                yield 0.0 if contended_since is None else time.monotonic() - contended_since
-            finally:
+                mark_holder(fd, self.describe(model))
+            yield time.monotonic() - started if contended else 0.0
+        finally:
+            self._holders.pop(key, None)
+            if fd is not None:
                 with contextlib.suppress(OSError):
                     fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
+            local.release()

@@ -26,6 +26,7 @@ from hotreload.engine.request_limits import (
 )
 from hotreload.engine.stats import LatencyWindow, RequestCounters
 from hotreload.engine.text_stats import TextStats
+from hotreload.engine.worker_deaths import WorkerDeaths
 from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess
 from hotreload.errors import (
     BadRequestError,
@@ -118,8 +119,8 @@ class ModelRouter:
         self._parked = ParkedRequests(self.max_parked_bytes)
         self._version_waiters: list[tuple[int, asyncio.Future[int]]] = []
         self._sent = 0
-        #: Workers whose death was put down to one request already (the oldest it held).
-        self._blamed: deque[WorkerProcess] = deque(maxlen=8)
+        #: Which request each dead worker's death is put down to.
+        self._deaths = WorkerDeaths()
 
     # ------------------------------------------------------------------ figures
 
@@ -314,6 +315,11 @@ class ModelRouter:
                 return
 
     def _on_reply(self, req: Request, frame: Frame | None, error: BaseException | None) -> None:
+        # Decided while `req` is still held: the oldest its dead worker held is the one it
+        # was computing, even when that one's client gave up on it already (a timeout).
+        culprit = isinstance(error, WorkerDied) and self._deaths.computing_when_died(
+            req, (*self._inflight, *self._draining)
+        )
         if req in self._draining:
             self._draining.discard(req)
             if not self._draining:
@@ -323,7 +329,7 @@ class ModelRouter:
         if not self._inflight and not self._draining:
             self._idle.set()
         if error is not None:
-            self._on_worker_failure(req, error)
+            self._on_worker_failure(req, error, culprit)
         elif not req.finished and frame is not None:
             if frame.header.get("ok"):
                 self.counters.ok += 1
@@ -351,33 +357,23 @@ class ModelRouter:
                     req.finish(None, ModelError(message, err.get("traceback")))
         self.pump()
 
-    def _computing_when_died(self, req: Request) -> bool:
-        """Was `req` the request its worker was computing when it died (the oldest it
-        held: one serving thread computes in send order)? It may be what killed it (a
-        crash, a hung forward): sent again it killed the new worker too, and 25 innocent
-        requests behind it timed out. The oldest is blamed once per worker."""
-        worker = req.sent_to
-        if worker is None or any(w is worker for w in self._blamed):
-            return False
-        held = (r for r in (*self._inflight, *self._draining) if r.sent_to is worker)
-        if any(r.seq < req.seq for r in held):
-            return False
-        self._blamed.append(worker)
-        return True
+    def hung_on(self, worker: WorkerProcess, forward_s: float) -> None:
+        """`worker` is about to be killed as wedged: when the oldest request it holds ran
+        past `forward_s`, that one is told it hung (a 504) and the others it held are
+        retried on the restarted worker (worker_deaths.py)."""
+        held = (*self._inflight, *self._draining)
+        self._deaths.hung_on(worker, held, forward_s, time.monotonic())
 
-    def _on_worker_failure(self, req: Request, exc: BaseException) -> None:
+    def _on_worker_failure(self, req: Request, exc: BaseException, culprit: bool) -> None:
         if req.finished:
             return
-        if isinstance(exc, WorkerDied) and self._computing_when_died(req):
-            self.counters.fail("unavailable")
-            req.finish(
-                None,
-                WorkerUnavailableError(
-                    f"model {self.name!r}: the worker died while computing this request "
-                    f"({exc}); it is not sent again, since it may be what killed the worker. "
-                    "The requests behind it are retried on the restarted worker"
-                ),
-            )
+        verdict = self._deaths.verdict(self.name, req, exc, culprit)
+        if verdict is not None:  # to blame: not sent again
+            if isinstance(verdict, RequestTimeoutError):
+                self.counters.timed_out += 1
+            else:
+                self.counters.fail("unavailable")
+            req.finish(None, verdict)
             return
         if isinstance(exc, WorkerDied) and req.attempts < MAX_ATTEMPTS and not req.expired:
             # Retry once on the restarted worker, ahead of newer requests.
@@ -385,7 +381,7 @@ class ModelRouter:
             self._queue.appendleft(req)
             return
         self.counters.fail("unavailable")
-        reason = str(exc) if isinstance(exc, WorkerDied) else f"{type(exc).__name__}: {exc}"
+        reason = self._deaths.reason(req, exc)
         req.finish(
             None,
             WorkerUnavailableError(
@@ -426,11 +422,13 @@ class ModelRouter:
 
     def refuse_until_reload(self, why: str) -> None:
         """Answer this model's requests at once with `why` (the other models keep serving)
-        until a reload brings it up (`open_gate` ends it)."""
+        until a reload brings it up (`open_gate` ends it). Those waiting already (sent
+        while it started) get the same answer now, not at their timeout."""
         self.unavailable_reason = (
             f"model {self.name!r} {why}; fix it, then reload it (save it under `watch`, or "
             f"`hotreload reload {self.name}`)"
         )
+        self.fail_queued(WorkerUnavailableError(self.unavailable_reason))
 
     def open_gate(self) -> None:
         self._gate_open = True

@@ -71,7 +71,7 @@ class Session:
         self.config = config
         self.state_dir = config.state_dir
         self.events = events or EventBus(config.state_dir / "events.jsonl")
-        self.locks = DeviceLocks()
+        self.locks = DeviceLocks(config=config.path)
         self.snapshot_dir = snapshot_dir or snapshot_root(config.path) / f"session-{os.getpid()}"
         #: One supervisor per model: the only owner of its workers and its state.
         self.models = {

@@ -1,6 +1,6 @@
-"""Copies of a model's last good code and weights, so a worker that must be restarted (it
-died, or wedged) comes back with the version that was serving, not with a broken edit that
-is now on disk.
+"""Copies of a model's last good code, weights and peft adapter folders, so a worker that
+must be restarted (it died, or wedged) comes back with the version that was serving, not
+with a broken edit (or an adapter file cut short) that is now on disk.
 
 Small files are copied; large ones (weights) are hard-linked where the file system allows.
 A link keeps the old bytes only when the tool that saves the file writes a new one and
@@ -81,9 +81,16 @@ class Snapshot:
 
 
 def code_paths(
-    model: ModelConfig, project_root: Path, snapshot: Snapshot | None = None
+    model: ModelConfig,
+    project_root: Path,
+    snapshot: Snapshot | None = None,
+    *,
+    sources: Snapshot | None = None,
 ) -> dict[str, Any]:
-    """The path fields of a worker spec, live or remapped into a snapshot."""
+    """The path fields of a worker spec, live or remapped into a snapshot. `sources`: the
+    snapshot taken for this build; the worker imports the live paths but compiles each
+    file it copied from the copy (worker/fresh_source.py): the code on disk when the build
+    started, whatever was saved since."""
 
     def m(p: Path) -> Path:
         return snapshot.remap(p) if snapshot else p
@@ -94,13 +101,18 @@ def code_paths(
             wire["file"] = str(m(e.file))
         return wire
 
-    return {
+    out = {
         "root": str(m(project_root.resolve())),
         "entry": entry(model.entry),
         "example": entry(model.example),
         "weights": [str(m(p)) for p in model.weights],
         "watch": [str(m(p)) for p in model.watch],
     }
+    if model.adapters:  # peft adapter folders: their copies hold the last good files
+        out["adapters"] = [{**a.to_wire(), "folder": str(m(a.folder))} for a in model.adapters]
+    if sources is not None:
+        out["sources"] = [[str(live), str(copy)] for live, copy in sources.roots]
+    return out
 
 
 #: A file as it was copied or linked (file_stamp.py: any write or rename changes it).
@@ -114,9 +126,13 @@ def _place(
     snap: dict[str, dict[Path, Signature]],
     previous: Snapshot | None,
     settle_ns: int,
+    *,
+    copy_always: bool = False,
 ) -> None:
     """Copy (or link) `src` to `dst`, recording its signature in `snap`; reuse the copy in
-    `previous` when the file has not changed since and had settled before it was taken."""
+    `previous` when the file has not changed since and had settled before it was taken.
+    `copy_always` (an adapter's files): never linked to the live file, whatever its size,
+    and not counted against MAX_COPY_BYTES (a guard against big trees of small files)."""
     private_dirs(dst.parent)
     st = src.stat()
     sig = FileStamp.of_stat(st)
@@ -132,6 +148,13 @@ def _place(
             return
         except OSError:
             pass  # gone, or no hard links here: copy
+    if copy_always:
+        # An adapter saved in place (`save_pretrained` over the folder, or a script writing
+        # the file through one descriptor) rewrites a linked copy too, and a restart then had
+        # no good copy of it: the base served, the adapter answered 503.
+        shutil.copy2(src, dst)
+        os.chmod(dst, 0o600)
+        return
     if st.st_size > LINK_ABOVE_BYTES:
         try:
             os.link(src, dst)
@@ -174,14 +197,17 @@ def take_snapshot(
     *,
     settle_ns: int = SETTLED_NS,
 ) -> Snapshot:
-    """Copy the model's watch roots and weights into base/vN (blocking: run in a thread);
-    files unchanged since `previous` are linked to its copies."""
+    """Copy the model's watch roots, weights and adapter folders into base/vN (blocking: run
+    in a thread); files unchanged since `previous` are linked to its copies."""
     taken_ns = time.time_ns()
     budget = [0]
     snap: dict[str, dict[Path, Signature]] = {"sources": {}, "linked": {}}
 
+    adapter_files = {f for a in model.adapters for f in a.files}
+
     def place(src: Path, dst: Path) -> None:
-        _place(src, dst, budget, snap, previous, settle_ns)
+        copy_always = src in adapter_files
+        _place(src, dst, budget, snap, previous, settle_ns, copy_always=copy_always)
 
     folder = base / f"v{version}"
     if folder.exists():
@@ -207,6 +233,15 @@ def take_snapshot(
             copy = folder / "weights" / f"{j}-{w.name}"
             place(w, copy)
             weights.append((w, copy))
+        for k, adapter in enumerate(model.adapters):
+            # A folder outside the watched ones gets a root of its own; its two files are
+            # placed where `remap` finds them, ignored by the walk or not.
+            if not any(r == adapter.folder or r in adapter.folder.parents for r, _ in roots):
+                roots.append((adapter.folder, folder / "adapters" / f"{k}-{adapter.name}"))
+            copies = Snapshot(version, folder, tuple(roots), ())
+            for f in adapter.files:
+                if f.is_file() and not copies.remap(f).exists():
+                    place(f, copies.remap(f))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

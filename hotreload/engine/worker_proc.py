@@ -29,9 +29,9 @@ from hotreload.engine.memory_limits import (
     peak_rss_bytes,
     rss_bytes,
 )
-from hotreload.errors import HotreloadError
+from hotreload.errors import HotreloadError, ProtocolError
 from hotreload.protocol.frame_protocol import FrameProtocol
-from hotreload.protocol.framing import Frame, pack_frame
+from hotreload.protocol.framing import SPILLED_HEADER, Frame, pack_frame, unspill
 from hotreload.protocol.ops import WorkerOp  # the engine's callers import it from here too
 from hotreload.worker.launch import FD_ENV, SPEC_ENV
 
@@ -96,6 +96,7 @@ def worker_spec(
         "watch": [str(p) for p in model.watch],
         "shapes": {k: list(v) for k, v in model.shapes.items()},
         "tokenizer": str(model.tokenizer) if model.tokenizer else None,
+        "max_prompt_tokens": model.max_prompt_tokens,
         "adapters": [a.to_wire() for a in model.adapters],
         "default_adapter": model.default_adapter,
     }
@@ -193,6 +194,7 @@ class WorkerProcess:
                     self._on_frame,
                     on_error=self._on_channel_error,
                     on_close=self._on_channel_closed,
+                    on_unreadable=self._on_unreadable_reply,
                 ),
                 sock=parent,
             )
@@ -250,6 +252,12 @@ class WorkerProcess:
                 self.on_death(self)
 
     def _on_frame(self, frame: Frame) -> None:
+        if SPILLED_HEADER in frame.header:  # a large reply: its header is in the payload
+            try:
+                frame = unspill(frame)
+            except ProtocolError as exc:
+                self._on_unreadable_reply(exc)
+                return
         rid = frame.header.get("id")
         if rid == 0 and self._hello is not None and not self._hello.done():
             self._hello.set_result(frame)
@@ -260,6 +268,20 @@ class WorkerProcess:
                 waiter.set_result(frame)
         elif waiter is not None:
             waiter(frame, None)
+
+    def _on_unreadable_reply(self, exc: ProtocolError) -> None:
+        """A whole reply whose header cannot be read fails its own request, with why; the
+        worker and the channel carry on (the stream is still in step)."""
+        rid = getattr(exc, "request_id", None)
+        if rid is None or (rid not in self._pending and rid != 0):
+            # No request to fail: the one it answered times out, the worker serves on.
+            print(f"hotreload: worker {self.pid}: a reply was dropped: {exc}", file=sys.stderr)
+            return
+        # Not the request's fault (a worker sends no header past the limit; it spills big
+        # ones into the payload): a server error, HTTP 500, for this request alone.
+        message = f"the worker's reply to this request cannot be read: {exc}"
+        error = {"code": "model_error", "message": message}
+        self._on_frame(Frame({"id": rid, "ok": False, "error": error}, b""))
 
     def _on_channel_error(self, exc: Exception) -> None:
         self.exit_reason = f"channel error: {exc}"

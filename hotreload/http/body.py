@@ -44,9 +44,15 @@ class BodyError(Exception):
         super().__init__(message)
 
 
+class ClientGone(BodyError):
+    """The client closed its connection before the body's end: nobody reads an answer, and
+    no traceback is due (any local user can do it at will); the server says it in one line."""
+
+
 async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
     """The request body, inflated, or BodyError (408 late, 413 too large, 415/400 bad
-    encoding). aiohttp's own 413 for a raw body over `client_max_size` passes through."""
+    encoding, ClientGone when the client hung up). aiohttp's own 413 for a raw body over
+    `client_max_size` passes through."""
     try:
         raw = await asyncio.wait_for(request.read(), limits.timeout_s)
     except TimeoutError:
@@ -55,6 +61,14 @@ async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
             f"the request body did not arrive within {limits.timeout_s:g} s "
             "(body_timeout_s under [http] in the config)",
         ) from None
+    except ConnectionError:
+        length = request.content_length
+        of = f" of {length} bytes" if length is not None else ""
+        raise ClientGone(
+            400, f"the client closed the connection before the end of its body{of}"
+        ) from None
+    except web.RequestPayloadError as exc:  # a chunked body cut short or malformed
+        raise BodyError(400, f"the request body cannot be read: {exc}") from None
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return raw

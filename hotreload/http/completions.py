@@ -18,6 +18,8 @@ MAX_LOGPROBS = 20
 #: A request's largest prompt count and new tokens: bounds, not tuning.
 MAX_PROMPTS = 1024
 MAX_NEW_TOKENS = 1 << 20
+#: The seeds torch's generator takes (`manual_seed`: a signed or unsigned 64-bit integer).
+MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
 #: OpenAI fields that would change the answer and that hotreload does not implement: a
 #: request that sets them gets a 400 rather than an answer that ignored them.
 _UNSUPPORTED = {
@@ -54,6 +56,20 @@ def _int(doc: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -
     return int(v)
 
 
+def _text(v: str, where: str) -> str:
+    """`v`, or TextBodyError when it cannot be tokenized: JSON lets a string carry a lone
+    UTF-16 surrogate (\\ud800), which no UTF-8 tokenizer can encode."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TextBodyError(
+            f"{where} holds a lone surrogate (U+{ord(v[exc.start]):04X} at character "
+            f"{exc.start}), which is not text: send valid Unicode (a surrogate pair, or the "
+            "character itself)"
+        ) from None
+    return v
+
+
 def _token_ids(v: Any, where: str) -> list[int]:
     if not v or not all(_is_int(i) and i >= 0 for i in v):
         raise TextBodyError(f"{where} must be a non-empty list of token ids (integers >= 0)")
@@ -64,10 +80,10 @@ def prompts_of(v: Any) -> list[str | list[int]]:
     """`prompt` as OpenAI takes it: a string, a list of strings, a list of token ids, or a
     list of token-id lists; one choice per prompt."""
     if isinstance(v, str):
-        return [v]
+        return [_text(v, "'prompt'")]
     if isinstance(v, list) and v:
         if all(isinstance(p, str) for p in v):
-            out: list[str | list[int]] = list(v)
+            out: list[str | list[int]] = [_text(p, f"'prompt'[{i}]") for i, p in enumerate(v)]
         elif all(_is_int(p) for p in v):
             out = [_token_ids(v, "'prompt'")]
         elif all(isinstance(p, list) for p in v):
@@ -107,14 +123,11 @@ def sampling_of(doc: dict[str, Any], *, default_max_tokens: int = 16) -> dict[st
     echo = doc.get("echo", False)
     if not isinstance(echo, bool):
         raise TextBodyError(f"'echo' must be true or false, got {echo!r}")
-    seed = doc.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise TextBodyError(f"'seed' must be an integer, got {seed!r}")
     return {
         "max_tokens": _int(doc, "max_tokens", default_max_tokens, 0, MAX_NEW_TOKENS),
         "temperature": _number(doc, "temperature", 1.0, 0.0, 2.0),
         "top_p": _number(doc, "top_p", 1.0, 0.0, 1.0) or 1.0,
-        "seed": seed,
+        "seed": _int(doc, "seed", None, MIN_SEED, MAX_SEED),
         "stop": stops_of(doc.get("stop")),
         "logprobs": logprobs,
         "echo": echo,
@@ -126,10 +139,12 @@ def completion_request(doc: dict[str, Any]) -> dict[str, Any]:
     if doc.get("stream"):
         raise TextBodyError("'stream': streaming is not supported; send stream=false")
     for key in ("n", "best_of"):
-        if doc.get(key) not in (None, 1):
+        # `true == 1` in Python: a bool is checked for, as it is everywhere an int is taken.
+        if doc.get(key) is not None and not (_is_int(doc[key]) and doc[key] == 1):
             raise TextBodyError(f"'{key}' must be 1 (one choice per prompt), got {doc[key]!r}")
     for key, neutral in _UNSUPPORTED.items():
-        if doc.get(key) not in (None, neutral, {}):
+        v = doc.get(key)
+        if v is not None and v != {} and (isinstance(v, bool) or v != neutral):
             raise TextBodyError(f"'{key}' is not supported by hotreload; leave it out")
     if "prompt" not in doc:
         raise TextBodyError("'prompt' is missing: send the text (or token ids) to complete")
@@ -158,6 +173,7 @@ def generate_request(doc: dict[str, Any]) -> dict[str, Any]:
     text = doc.get("text_input")
     if not isinstance(text, str):
         raise TextBodyError(f"'text_input' must be a string, got {json_type(text)}")
+    _text(text, "'text_input'")
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise TextBodyError("'parameters' must be a JSON object")
@@ -190,6 +206,7 @@ def tokenize_request(doc: dict[str, Any]) -> dict[str, Any]:
     text = doc.get("prompt", doc.get("text"))
     if not isinstance(text, str):
         raise TextBodyError(f"'prompt' must be the string to tokenize, got {json_type(text)}")
+    _text(text, "'prompt'")
     special = doc.get("add_special_tokens", False)
     if not isinstance(special, bool):
         raise TextBodyError(f"'add_special_tokens' must be true or false, got {special!r}")

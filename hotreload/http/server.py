@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -30,7 +31,7 @@ from hotreload.engine.event_kinds import HttpStarted, SessionStopping
 from hotreload.engine.events import typed
 from hotreload.errors import ClientError, HotreloadError
 from hotreload.http.auth import token_middleware, without_details
-from hotreload.http.body import BodyError, BodyLimits, read_body
+from hotreload.http.body import BodyError, BodyLimits, ClientGone, read_body
 from hotreload.http.edges import answer_parse_errors_in_json, http_exception_response
 from hotreload.http.kserve import (
     HEADER_LENGTH,
@@ -164,6 +165,10 @@ class KServeApp:
     async def _read(self, request: web.Request, model: str | None = None) -> bytes:
         try:
             return await read_body(request, self.limits)
+        except ClientGone as exc:
+            # One line, no traceback: any local user can hang up mid-body at will.
+            log.warning("HTTP %s %s: %s", request.method, request.path, exc.message)
+            raise HttpError(exc.status, exc.message, close=True) from None
         except BodyError as exc:
             if model is not None:
                 self.metrics.count_bad_request(model)
@@ -416,6 +421,21 @@ class HttpEndpoint:
                 await runner.cleanup()
 
 
+def _token(state_dir: Path) -> str:
+    """The session's HTTP token (made once); HotreloadError, said in one line, when it
+    cannot be written (a full or read-only state folder): the repository routes would
+    need a token nobody could read, and open routes are not what `auth` asked for."""
+    try:
+        return ensure_http_token(state_dir)
+    except OSError as exc:
+        raise HotreloadError(
+            f"cannot write the HTTP token file {http_token_path(state_dir)}: "
+            f"{exc.strerror or exc}; free space in (or fix the permissions of) {state_dir}, "
+            'or set [http] auth = "none" in the config to '
+            "serve HTTP without a token"
+        ) from None
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -438,7 +458,7 @@ async def start_http(
         timeout_s=config.http.body_timeout_s,
         max_inflated_bytes=(config.http.max_inflated_mib or config.max_frame_mib) * 2**20,
     )
-    token = ensure_http_token(config.state_dir) if config.http.auth == "token" else None
+    token = _token(config.state_dir) if config.http.auth == "token" else None
     kapp = KServeApp(session, SessionMetrics(session), config.max_frame_bytes, limits, token)
     endpoint = HttpEndpoint(kapp, host, config.http.keepalive_timeout_s)
     endpoint.port = await endpoint.listen(kapp.build(), port)

@@ -22,10 +22,17 @@ class FrameParser:
 
     A malformed or oversized frame makes the stream unreadable from there on: `feed`
     returns the frames completed before it and sets `error`; the next call raises it (or
-    this one, when no frame came before it). The caller then closes the connection."""
+    this one, when no frame came before it). The caller then closes the connection.
 
-    def __init__(self, max_bytes: int) -> None:
+    With `skip_unreadable`, a whole frame whose header cannot be read (too large, not
+    JSON) leaves the stream in step: its error (`request_id` naming the header's id where
+    it could be found) goes to `unreadable`, and parsing goes on."""
+
+    def __init__(self, max_bytes: int, *, skip_unreadable: bool = False) -> None:
         self.max_bytes = max_bytes
+        self.skip_unreadable = skip_unreadable
+        #: Errors of the whole frames skipped since the caller last emptied this list.
+        self.unreadable: list[ProtocolError] = []
         self._buf = bytearray()
         self._pos = 0
         #: Body length of the frame being collected, once its prefix has been read.
@@ -35,8 +42,9 @@ class FrameParser:
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes received that do not yet make a whole frame (0 between frames)."""
-        return len(self._buf) - self._pos
+        """Bytes received that do not yet make a whole frame (0 between frames), the
+        length prefix of the frame being collected included."""
+        return len(self._buf) - self._pos + (4 if self._need is not None else 0)
 
     def feed(self, data: bytes) -> list[Frame]:
         if self.error is not None:
@@ -74,27 +82,27 @@ class FrameParser:
                 body = bytes(view[self._pos : end])
             finally:
                 view.release()
-            frames.append(_unpack(body))
             self._pos = end
             self._need = None
+            try:
+                frames.append(unpack_body(body))
+            except ProtocolError as exc:
+                if not self.skip_unreadable:
+                    raise
+                self.unreadable.append(exc)
         if self._pos > 65536 and self._pos * 2 > len(buf):
             del buf[: self._pos]  # drop consumed bytes before the buffer grows much
             self._pos = 0
 
 
-def _unpack(body: bytes) -> Frame:
-    try:
-        return unpack_body(body)
-    except (RecursionError, ValueError) as exc:
-        # What json.loads raises beyond a syntax error: nesting past the recursion limit,
-        # an integer of more than 4300 digits. Still a bad frame, not a bug.
-        raise ProtocolError(f"frame header cannot be read: {type(exc).__name__}: {exc}") from None
-
-
 class FrameProtocol(asyncio.Protocol):
     """A connection speaking frames. `on_frame(frame)` runs for each complete frame;
     `on_error(exc)` once for a malformed stream (then nothing more is parsed);
-    `on_close(exc)` once when the connection is gone."""
+    `on_close(exc)` once when the connection is gone. With `on_unreadable`, a whole frame
+    whose header cannot be read goes there (a ProtocolError) and the stream reads on.
+    With `stall_timeout_s`, a peer that sent part of a frame and then nothing for that
+    long goes to `on_stall(bytes held)` (which answers and closes), else is cut off: a
+    partial frame is memory held for it."""
 
     def __init__(
         self,
@@ -104,9 +112,19 @@ class FrameProtocol(asyncio.Protocol):
         on_error: Callable[[Exception], None] | None = None,
         on_close: Callable[[Exception | None], None] | None = None,
         on_open: Callable[[FrameProtocol], None] | None = None,
+        on_unreadable: Callable[[ProtocolError], None] | None = None,
+        stall_timeout_s: float | None = None,
+        on_stall: Callable[[int], None] | None = None,
     ) -> None:
-        self.parser = FrameParser(max_bytes)
+        self.parser = FrameParser(max_bytes, skip_unreadable=on_unreadable is not None)
+        self.stall_timeout_s = stall_timeout_s
+        self.on_stall = on_stall
+        #: Loop time of the last bytes received, and the timer that looks at it (one per
+        #: connection, armed only while a frame is partly in: the common case costs nothing).
+        self._last_data = 0.0
+        self._stall_timer: asyncio.TimerHandle | None = None
         self.on_frame = on_frame
+        self.on_unreadable = on_unreadable
         self.on_error = on_error
         self.on_close = on_close
         self.on_open = on_open
@@ -133,18 +151,47 @@ class FrameProtocol(asyncio.Protocol):
             if self.closed:
                 return
             self.on_frame(frame)
+        if self.parser.unreadable and self.on_unreadable is not None:
+            skipped, self.parser.unreadable = self.parser.unreadable, []
+            for exc in skipped:
+                self.on_unreadable(exc)
         if self.parser.error is not None and not self.closed:
             # ProtocolError: report once (after the frames before it), then ignore the rest.
             if self.on_error is not None:
                 self.on_error(self.parser.error)
             else:
                 self.close()
+        elif self.stall_timeout_s is not None and self.parser.pending_bytes:
+            loop = asyncio.get_running_loop()
+            self._last_data = loop.time()
+            if self._stall_timer is None:
+                self._stall_timer = loop.call_at(
+                    self._last_data + self.stall_timeout_s, self._check_stall
+                )
+
+    def _check_stall(self) -> None:
+        self._stall_timer = None
+        pending = self.parser.pending_bytes
+        if self.closed or not pending or self.parser.error is not None:
+            return
+        assert self.stall_timeout_s is not None
+        due = self._last_data + self.stall_timeout_s
+        loop = asyncio.get_running_loop()
+        if loop.time() < due:  # bytes came since: wait from the last of them
+            self._stall_timer = loop.call_at(due, self._check_stall)
+        elif self.on_stall is not None:
+            self.on_stall(pending)
+        else:
+            self.abort()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport: a half-closed frame stream has nothing to say
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         self._wake_drainers(exc or ConnectionResetError("connection closed"))
         if self.on_close is not None:
             self.on_close(exc)

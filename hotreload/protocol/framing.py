@@ -27,6 +27,13 @@ MAX_HEADER_BYTES = 1024 * 1024
 
 #: The id at the end of a header `pack_frame` wrote for the worker (the id goes in last).
 _TAIL_ID = re.compile(rb'"id":(-?[0-9]{1,18})}\s*$')
+#: The id at the start of a header the worker wrote (its replies name the id first).
+_HEAD_ID = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?[0-9]{1,18})\s*[,}]')
+#: A reply whose header passes MAX_HEADER_BYTES (a tokenized long prompt, echoed logprobs)
+#: travels with that header's JSON at the head of its payload; the frame's own header is
+#: `{"id": id, SPILLED_HEADER: bytes of that JSON}` (`pack_spilling`, `unspill`). Only the
+#: session reads it, from its workers: a client's frame never gets a header this large.
+SPILLED_HEADER = "spilled_header"
 
 
 def header_bytes(header: dict[str, Any]) -> int:
@@ -45,7 +52,10 @@ def pack_frame(
     header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
 ) -> list[bytes | memoryview]:
     """The pieces of one frame, ready for `writelines`/`sendmsg` without joining big blobs."""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    return _pieces(json.dumps(header, separators=(",", ":")).encode(), blobs)
+
+
+def _pieces(head: bytes, blobs: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
     payload_len = sum(len(b) for b in blobs)
     prefix = _TWO_U32.pack(4 + len(head) + payload_len, len(head))
     if not blobs:
@@ -54,28 +64,86 @@ def pack_frame(
 
 
 def unpack_body(body: bytes | bytearray | memoryview) -> Frame:
-    """Split a frame body into header and payload; raises ProtocolError on anything odd."""
+    """Split a frame body into header and payload; raises ProtocolError on anything odd.
+    The error for a whole frame whose header cannot be read carries `request_id` (the
+    header's id where it can be found, else None): the reader answers it and reads on."""
     if len(body) < 4:
         raise ProtocolError(f"frame body of {len(body)} bytes is shorter than its 4-byte header")
     (head_len,) = _U32.unpack_from(body, 0)
-    if head_len > len(body) - 4 or head_len > MAX_HEADER_BYTES:
-        exc = ProtocolError(
+    if head_len > len(body) - 4:
+        raise ProtocolError(
             f"header length {head_len} does not fit in a frame body of {len(body)} bytes"
-            + (f" (at most {MAX_HEADER_BYTES} bytes)" if head_len > MAX_HEADER_BYTES else "")
         )
-        if head_len <= len(body) - 4:
-            # A whole frame, only too large: the reader can answer it by its id and go on.
-            tail = bytes(body[max(4, 4 + head_len - 40) : 4 + head_len])
-            m = _TAIL_ID.search(tail)
-            exc.request_id = int(m.group(1)) if m else None  # type: ignore[attr-defined]
-        raise exc
+    if head_len > MAX_HEADER_BYTES:
+        raise _unreadable(
+            body,
+            head_len,
+            f"header length {head_len} does not fit in a frame body of {len(body)} bytes "
+            f"(at most {MAX_HEADER_BYTES} bytes)",
+        )
     try:
         header = json.loads(bytes(body[4 : 4 + head_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
+        raise _unreadable(body, head_len, f"frame header is not valid JSON: {exc}") from None
+    except (RecursionError, ValueError) as exc:
+        # What json.loads raises beyond a syntax error: nesting past the recursion limit,
+        # an integer of more than 4300 digits. Still a bad frame, not a bug.
+        why = f"frame header cannot be read: {type(exc).__name__}: {exc}"
+        raise _unreadable(body, head_len, why) from None
     if not isinstance(header, dict):
-        raise ProtocolError(f"frame header must be a JSON object, got {type(header).__name__}")
+        raise _unreadable(
+            body, head_len, f"frame header must be a JSON object, got {type(header).__name__}"
+        )
     return Frame(header, memoryview(body)[4 + head_len :])
+
+
+def _unreadable(body: bytes | bytearray | memoryview, head_len: int, why: str) -> ProtocolError:
+    """The error for a whole frame whose header cannot be read, with the id its header
+    names first (a worker's reply) or last (a request `pack_frame` wrote for the worker)."""
+    exc = ProtocolError(why)
+    head = bytes(body[4 : 4 + min(head_len, 40)])
+    tail = bytes(body[max(4, 4 + head_len - 40) : 4 + head_len])
+    m = _HEAD_ID.search(head) or _TAIL_ID.search(tail)
+    exc.request_id = int(m.group(1)) if m else None  # type: ignore[attr-defined]
+    return exc
+
+
+def pack_spilling(
+    header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
+) -> list[bytes | memoryview]:
+    """`pack_frame`, except that a header over MAX_HEADER_BYTES goes at the head of the
+    payload (SPILLED_HEADER): a reply is never one its reader must refuse for its header."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if len(head) <= MAX_HEADER_BYTES:
+        return _pieces(head, blobs)
+    return pack_frame({"id": header.get("id"), SPILLED_HEADER: len(head)}, [head, *blobs])
+
+
+def unspill(frame: Frame) -> Frame:
+    """The frame as it was before `pack_spilling` moved its header into the payload (the
+    frame itself when it did not). ProtocolError, with `request_id`, when that header
+    cannot be read."""
+    size = frame.header.get(SPILLED_HEADER)
+    if size is None:
+        return frame
+    rid = frame.header.get("id")
+    payload = memoryview(frame.payload).cast("B")
+    try:
+        if not isinstance(size, int) or not 0 < size <= len(payload):
+            raise ValueError(
+                f"{SPILLED_HEADER} {size!r} does not fit a {len(payload)}-byte payload"
+            )
+        header = json.loads(bytes(payload[:size]))
+        if not isinstance(header, dict):
+            raise ValueError(f"a JSON object was expected, got {type(header).__name__}")
+    except (RecursionError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        err = ProtocolError(
+            f"a reply's header ({size!r} bytes in its payload) cannot be read: {exc}"
+        )
+        err.request_id = rid if isinstance(rid, int) else None  # type: ignore[attr-defined]
+        raise err from None
+    header["id"] = rid
+    return Frame(header, payload[size:])
 
 
 def _check_length(length: int, max_bytes: int) -> None:

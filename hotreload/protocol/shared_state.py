@@ -293,7 +293,7 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
 
 # Kept here rather than imported from cuda_chunks: a descriptor's check calls them once per
 # field, and each call into another file is a step a reader of the push path follows out
-# and back (tests/supervisor/test_reload_trace.py counts them).
+# and back (benchmarks/reload_trace.py counts them).
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

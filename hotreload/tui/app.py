@@ -26,6 +26,7 @@ from hotreload.engine.event_kinds import (
     ConfigError,
     FileUnused,
     GpuReset,
+    LockWait,
     PhaseEnd,
     PhaseStart,
     Ready,
@@ -249,7 +250,7 @@ class DashboardApp(App[int]):
         event = typed(e)
         if isinstance(event, (ReloadDone, ReloadFailed, Ready, State, Xid, WatchWaiting)):
             self._wake.set()  # sample now: the outcome shows without waiting a turn
-        if isinstance(event, (ReloadRequested, PhaseStart, PhaseEnd)):
+        if isinstance(event, (ReloadRequested, PhaseStart, PhaseEnd, LockWait)):
             self._render_reloads()
 
     def _notify_for(self, e: Event) -> None:
@@ -296,6 +297,8 @@ class DashboardApp(App[int]):
                 self.notify(f"{path} is not used by any model: nothing reloads", timeout=5)
             case WeightsOverride(model=m, message=message):
                 self.notify(f"{m}: {message}", severity="warning", timeout=15)
+            case LockWait(model=m, message=message):
+                self.notify(f"{m}: {message}", severity="warning", timeout=10)
 
     # ------------------------------------------------------------------ rendering
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hotreload.engine.event_kinds import (
+    LockWait,
     PhaseEnd,
     PhaseStart,
     Ready,
@@ -130,6 +131,10 @@ class DashboardState:
                 # A follow-up reload queued behind another one starts without its own request.
                 live = self.live.setdefault(model, LiveReload(model, "queued", ts))
                 live.phase, live.phase_started_at = phase, ts
+            case LockWait(model=model):
+                # Shown as the running phase until the lock comes (who holds it: a toast).
+                live = self.live.setdefault(model, LiveReload(model, "queued", ts))
+                live.phase, live.phase_started_at = "lock", ts
             case PhaseEnd(model=model, phase=phase, duration_s=duration):
                 if model in self.live:
                     self.live[model].phases[phase] = float(duration or 0.0)

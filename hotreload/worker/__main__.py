@@ -12,9 +12,12 @@ import os
 import sys
 
 from hotreload.worker.launch import FD_ENV, SPEC_ENV
+from hotreload.worker.oom import mark_worker
 
 
 def main() -> int:
+    # First: a worker, under either strategy, is the OOM killer's pick before its manager.
+    mark_worker()
     spec = json.loads(os.environ.pop(SPEC_ENV))
     fd = int(os.environ.pop(FD_ENV))
     os.environ.update(spec.get("env") or {})

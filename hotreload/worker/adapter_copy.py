@@ -8,8 +8,9 @@ the saved adapter's tensors loaded into the copy by peft's `set_peft_model_state
 is the module count and the adapter's bytes: no factory call, no peft injection, no base
 read, whatever the base weighs.
 
-Anything else (an adapter's config changed, adapters added or removed, a push holding base
-tensors) returns None: the ordinary build (factory, base shared, adapters injected) runs.
+Anything else (an adapter's config changed, adapters added or removed, one a restart left
+out, a push holding base tensors) returns None: the ordinary build (factory, base shared,
+adapters injected) runs.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def copied(
     declared = [str(s["name"]) for s in specs]
     if held is None or not isinstance(model, torch.nn.Module) or current.on_host:
         return None
-    if declared != list(held.adapters):
+    if declared != list(held.adapters) or held.unavailable:
         return None
     seen = set(current.weights.overlay_ids)
     new = [o for o in overlays if int(o["id"]) not in seen]
@@ -88,12 +89,14 @@ def copied(
     for s in specs:
         name, old = str(s["name"]), held.adapters[str(s["name"])]
         if stamps[name] == old.stamp:
-            served[name] = replace(old, source="shared")
+            served[name] = replace(old, folder=str(folders[name]), source="shared")
             continue
-        state = adapter_pushes.file_state(_read(Path(old.folder) / WEIGHTS_FILE, name), prefix)
+        # The folder the spec names now: after a restart the serving version read its copy
+        # in the last good snapshot, and the save is of the live one.
+        state = adapter_pushes.file_state(_read(folders[name] / WEIGHTS_FILE, name), prefix)
         if not _complete(_load(clone, state, name, WEIGHTS_FILE), old.keys):
             return None  # the ordinary build reports the tensors the file misses
-        served[name] = replace(old, stamp=stamps[name], source="file")
+        served[name] = replace(old, folder=str(folders[name]), stamp=stamps[name], source="file")
     _, pushed = adapter_pushes.split(
         new, set(held.base_state), specs, spec.get("default_adapter"), prefix, device
     )

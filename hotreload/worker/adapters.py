@@ -14,6 +14,16 @@ or the adapters disabled for "base") only when it differs from the last request'
 over the LoRA layers, about 1 ms for a 7B model's 64, on the serving thread that runs one
 request at a time, so a switch never races a forward.
 
+An adapter file is read whole into memory of the worker's own, never left mapped: a
+mapping of the file (what safetensors' `load_file` returns) reads the file's pages as they
+are now, so a save in place (`open(path, "wb")`) that truncates the file kills the worker
+that serves from it with SIGBUS at its next request.
+
+A restart (the worker died) comes back without an adapter whose files cannot be read (a
+save cut short): the base and the other adapters serve, and a request for that one says
+why (`AdapterSet.unavailable`) until a save that can be read reloads it. Any other build
+fails instead, and the version serving keeps it.
+
 Digests: each adapter's is the content digest of its tensors as peft saves them
 (`get_peft_model_state_dict`, names without the adapter's); the version's is the sha256 of
 the base's digest and every adapter's name and digest, so an adapter save re-hashes the
@@ -45,6 +55,14 @@ BASE = "base"
 
 class UnknownAdapter(LoadError):
     """A request named an adapter the model does not serve (a bad request, not a bug)."""
+
+
+class AdapterUnavailable(LoadError):
+    """A request named an adapter left out of this version: its files could not be read when
+    the worker restarted. Not the request's fault: the worker answers it as unavailable."""
+
+    #: The error code of the worker's reply (the client's WorkerUnavailableError, HTTP 503).
+    code = "worker_unavailable"
 
 
 def config_text(folder: Path) -> str:
@@ -88,6 +106,14 @@ class ServedAdapter:
         return {"digest": self.digest, "source": self.source, "folder": self.folder}
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """An adapter a restart left out: its files as they were then, and why."""
+
+    stamp: tuple[Any, ...]
+    why: str
+
+
 @dataclass
 class AdapterSet:
     """The adapters of one version, the base tensors they sit on, and which one is active."""
@@ -102,18 +128,28 @@ class AdapterSet:
     #: peft's LoRA layers of the module, found once.
     layers: list[Any] = field(default_factory=list)
     active: str | None = None
+    #: Declared adapters a restart left out, by name (their files could not be read).
+    unavailable: dict[str, LeftOut] = field(default_factory=dict)
 
     def wire(self) -> dict[str, Any]:
-        """What replies and status show: each adapter's digest, the base's, the default."""
-        return {
+        """What replies and status show: each adapter's digest, the base's, the default,
+        and why each adapter left out is."""
+        out = {
             "default": self.default,
             "base_digest": self.base_digest,
             "adapters": {n: a.wire() for n, a in self.adapters.items()},
         }
+        if self.unavailable:
+            out["unavailable"] = {n: u.why for n, u in self.unavailable.items()}
+        return out
 
     def select(self, name: str | None) -> str:
         """Make `name` (None: the default) the active adapter; returns the one chosen."""
         chosen = self.default if name is None else str(name)
+        if chosen in self.unavailable:
+            raise AdapterUnavailable(
+                f"adapter {chosen!r} is not served {self.unavailable[chosen].why}"
+            )
         if chosen != BASE and chosen not in self.adapters:
             known = ", ".join([*self.adapters, BASE])
             raise UnknownAdapter(f"unknown adapter {chosen!r}; this model serves: {known}")
@@ -215,14 +251,24 @@ def lay_pushes(
     pushes: Sequence[tuple[int, Mapping[str, Mapping[str, torch.Tensor]]]],
     served: Mapping[str, Any],
     seen: set[int] | frozenset[int] = frozenset(),
+    left_out: Mapping[str, LeftOut] | None = None,
+    restart: bool = False,
 ) -> None:
     """Pushed adapter tensors (push id, adapter -> state) over `model`, each adapter marked
     "+push"; a push in `seen` is skipped (the serving version's tensors hold it already, or
-    a newer file won)."""
+    a newer file won). An adapter `left_out` goes without its pushes on a `restart`; a new
+    push to it is refused (nothing to lay it over)."""
     for push_id, groups in pushes:
         if push_id in seen:
             continue
         for name, state in groups.items():
+            out = (left_out or {}).get(name)
+            if out is not None:
+                if restart:
+                    continue
+                raise LoadError(
+                    f"pushed tensors for adapter {name!r}, which is not served {out.why}"
+                )
             _load(model, state, name, "the push")
             if not served[name].source.endswith("+push"):
                 served[name].source += "+push"
@@ -278,10 +324,13 @@ def attach(
     pushes: Sequence[tuple[int, dict[str, dict[str, torch.Tensor]]]],
     device: torch.device,
     prefix: Mapping[str, str] | None = None,
+    restart: bool = False,
 ) -> AdapterSet:
     """Inject every declared adapter into `model` (its base weights in place) and load its
     tensors: the serving version's when its files are unchanged, else the files'; then the
-    pushes of adapter tensors (id, adapter -> state as peft saves it) in order."""
+    pushes of adapter tensors (id, adapter -> state as peft saves it) in order. On a
+    `restart` an adapter whose files cannot be read is left out (`AdapterSet.unavailable`);
+    one the serving version left out stays out while its files stay as they were."""
     from peft import PeftConfig
 
     base_state = dict(model.state_dict(keep_vars=True))
@@ -289,19 +338,36 @@ def attach(
     held_model = getattr(current, "model", None)
     configs: dict[str, PeftConfig] = {}
     served: dict[str, ServedAdapter] = {}
+    left_out: dict[str, LeftOut] = {}
     for spec in specs:
         name, folder = str(spec["name"]), Path(str(spec["folder"]))
         stamp = _stamp(folder)
-        configs[name] = _peft_config(folder, name)
+        was_out = held.unavailable.get(name) if held is not None else None
+        if was_out is not None and was_out.stamp == stamp:
+            left_out[name] = was_out  # the same files, still unreadable
+            continue
+        old = held.adapters.get(name) if held is not None else None
+        shared = old is not None and old.stamp == stamp and held_model is not None
+        try:
+            # Both files read before anything is injected: one that cannot be read on a
+            # restart leaves the module as if the adapter were not declared.
+            configs[name] = _peft_config(folder, name)
+            state = None if shared else file_state(_read(folder / WEIGHTS_FILE, name), prefix)
+        except LoadError as exc:
+            if not restart:
+                raise
+            detail = str(exc).removeprefix(f"adapter {name!r}: ")
+            left_out[name] = LeftOut(stamp, f"since the worker restarted: {detail}; {_MEND}")
+            continue
         _inject(model, configs[name], name, folder)
         keys = list(_adapter_params(lora_layers(model), name))
-        old = held.adapters.get(name) if held is not None else None
-        if old is not None and old.stamp == stamp and old.keys == keys and held_model is not None:
+        if shared and old is not None and old.keys == keys:
             mine = held_model.state_dict(keep_vars=True)
             model.load_state_dict({k: mine[k].detach() for k in keys}, strict=False, assign=True)
             source = "shared"
         else:
-            state = file_state(_read(folder / WEIGHTS_FILE, name), prefix)
+            if state is None:  # unchanged files, but the layers changed: read them
+                state = file_state(_read(folder / WEIGHTS_FILE, name), prefix)
             _load(model, state, name, WEIGHTS_FILE)
             source = "file"
         served[name] = ServedAdapter(
@@ -309,7 +375,7 @@ def attach(
         )
     model.peft_config = configs  # every adapter's, for peft's functions below
     seen = set(getattr(getattr(current, "weights", None), "overlay_ids", ()))
-    lay_pushes(model, pushes, served, seen)
+    lay_pushes(model, pushes, served, seen, left_out, restart)
     layers = lora_layers(model)
     for name, adapter in served.items():
         params = _adapter_params(layers, name)
@@ -322,19 +388,39 @@ def attach(
         adapter.digest = adapter_digest(model, name)
     for _, layer in layers:
         layer.to(device)
-    chosen = default or (next(iter(served)) if served else BASE)
+    # The first declared when none is named: not another one when that is left out.
+    chosen = default or (str(specs[0]["name"]) if specs else BASE)
     aset = AdapterSet(served, chosen, base_state, layers=[m for _, m in layers])
-    aset.select(chosen)
+    aset.unavailable = left_out
+    # The warm-up and the smoke test run the default, or the base when it is left out.
+    aset.select(BASE if chosen in left_out else chosen)
     return aset
 
 
-def _read(path: Path, name: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+#: What mends an adapter left out.
+_MEND = "save it again (a complete file) to serve it"
 
+
+def _read(path: Path, name: str) -> dict[str, torch.Tensor]:
+    """The adapter file's tensors in memory of this process's own (see the module's
+    docstring: never a mapping of the file)."""
     try:
-        return load_file(str(path), device="cpu")
+        return read_private(path)
     except Exception as exc:
         raise LoadError(f"adapter {name!r}: cannot read {path}: {exc}") from None
+
+
+def read_private(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, read with pread(2) into fresh memory: a later rewrite
+    or truncation of the file cannot reach them. A file cut short fails here, whole."""
+    from safetensors.torch import load, load_file
+
+    try:
+        return load_file(str(path), device="cpu", backend="pread")
+    except TypeError:  # safetensors before 0.8 has no `backend`: the bytes, read whole
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.frombuffer over read-only bytes: cloned
+            return {k: t.clone() for k, t in load(path.read_bytes()).items()}
 
 
 def choose(mv: Any, params: Mapping[str, Any] | None) -> dict[str, Any] | None:

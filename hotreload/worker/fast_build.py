@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hotreload.worker.init_values import built_values, hf_init_skipped, seeded_build
+from hotreload.worker.init_values import InitGiven, built_values, hf_init_skipped, seeded_build
 from hotreload.worker.shared_weights import SharedBlock, copy_into_block
 
 #: The `torch.nn.init` functions layers initialise their parameters with.
@@ -42,22 +42,22 @@ _INIT_NAMES = (
     "sparse_",
 )
 _LOCK = threading.Lock()
-#: Data pointers of the tensors an init function filled, or left, in the build running now.
-_TOUCHED: set[int] = set()
+#: The tensors an init function filled, or left, in the build running now.
+_TOUCHED = InitGiven()
 
 
 def _leave(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-    if isinstance(tensor, torch.Tensor) and tensor.numel():
-        _TOUCHED.add(tensor.data_ptr())
+    if isinstance(tensor, torch.Tensor):
+        _TOUCHED.add(tensor)
     return tensor
 
 
 @contextlib.contextmanager
-def skipped_init() -> Iterator[set[int]]:
+def skipped_init() -> Iterator[InitGiven]:
     """`torch.nn.init` leaves tensors as they are while the block runs (one build at a time;
     inference never calls these, so the serving thread is unaffected), nor do transformers'
-    own for parameters (init_values.hf_init_skipped). Yields the data pointers of the
-    tensors an init function was given."""
+    own for parameters (init_values.hf_init_skipped). Yields the tensors an init function
+    was given."""
     with _LOCK:
         _TOUCHED.clear()
         saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES if hasattr(torch.nn.init, n)}
@@ -69,6 +69,7 @@ def skipped_init() -> Iterator[set[int]]:
         finally:
             for name, fn in saved.items():
                 setattr(torch.nn.init, name, fn)
+            _TOUCHED.clear()
 
 
 def build_without_init(

@@ -5,12 +5,23 @@ A .pyc is trusted when the source's mtime, in whole seconds, and its size match 
 file's length (`SCALE = 2.0` -> `SCALE = 3.0`) therefore re-imports the *old* code, and a
 reload would silently serve the previous version. Only modules under the model's code
 folders go through here; every other import (torch, site-packages) keeps its .pyc.
+
+The bytes compiled are those of the build's snapshot (engine/snapshots.py) where it copied
+the file: the code on disk when the build started. An edit saved after the snapshot, while
+the worker was still starting or the build waited for the device, goes to the next reload
+(the watcher saw it), not into this version beside a snapshot that says otherwise (issue
+38: a restart, the "unchanged" check and the output gate all go by the snapshot). The code
+keeps the live file's name: tracebacks, `__file__` and data read beside it are the
+project's, and linecache is given the lines compiled, so a traceback shows them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import linecache
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -39,15 +50,106 @@ def folder_prefixes(roots: Sequence[Path]) -> tuple[str, ...]:
 
 #: Source files compiled since the build began (worker/imported_files.py tells the manager).
 compiled: set[str] = set()
+#: Each source file compiled in this process -> the digest of the bytes compiled last: a
+#: build that keeps the loaded modules asks whether they are still the code (`stale`).
+compiled_from: dict[str, str] = {}
+#: (live root, its copy in the build's snapshot), as absolute paths with a trailing
+#: separator (a root that is a file: without); empty: the live files are compiled.
+_copies: tuple[tuple[str, str], ...] = ()
+
+
+def read_from(copies: Sequence[Sequence[str]]) -> None:
+    """From now on a source file inside one of `copies`' live roots is read from its copy
+    there (the snapshot this build was given), when the copy exists."""
+    global _copies
+    out: list[tuple[str, str]] = []
+    for live, copy in copies:
+        is_dir = os.path.isdir(copy)
+        for form in dict.fromkeys((os.path.abspath(live), os.path.realpath(live))):
+            out.append((os.path.join(form, ""), os.path.join(copy, "")) if is_dir else (form, copy))
+    _copies = tuple(out)
+
+
+def source_path(path: str) -> str:
+    """Where the source of `path` is read from: its snapshot copy, or the live file."""
+    for live, copy in _copies:
+        if path == live or (live.endswith(os.sep) and path.startswith(live)):
+            mapped = copy + path[len(live) :] if live.endswith(os.sep) else copy
+            if os.path.isfile(mapped):
+                return mapped
+    return path
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def stale(paths: Sequence[str]) -> list[str]:
+    """Those of `paths` whose source (`source_path`) no longer holds the bytes compiled
+    last, or was never compiled here, or cannot be read."""
+    out = []
+    for path in paths:
+        try:
+            with open(source_path(path), "rb") as f:
+                now = _digest(f.read())
+        except OSError:
+            now = None
+        if now is None or compiled_from.get(path) != now:
+            out.append(path)
+    return out
+
+
+def stale_modules(roots: Sequence[Path], gone: Sequence[Path] = ()) -> list[str]:
+    """The user's modules that are not the code a build is to run now: one compiled from
+    other bytes than its source (`source_path`) holds now (a failed build imported an edit
+    since undone, or the file was saved again), and any module under `gone` (code paths the
+    worker no longer loads from: the snapshot it restarted on). A reload that would keep
+    the loaded modules (weights only) re-imports them all when there is one (issue 38)."""
+    inside, left = folder_prefixes(roots), folder_prefixes(gone) if gone else ()
+    out: list[str] = []
+    files: dict[str, str] = {}
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if not file or "site-packages" in file:
+            continue
+        file = os.path.abspath(file)
+        if left and file.startswith(left):
+            out.append(name)
+        loader = getattr(getattr(mod, "__spec__", None), "loader", None)
+        if file.startswith(inside) and isinstance(loader, SourceOnlyLoader):
+            files[loader.path] = name  # not an extension module, nor a .pyc
+    return out + [files[path] for path in stale(list(files))]
+
+
+def must_reimport(header: Mapping[str, Any], roots: Sequence[Path], old: Sequence[Path]) -> bool:
+    """Does a LOAD (`header`) drop the user's modules to import them again? When it says
+    so, and when it is a reload's build (its header names the code: the files) whose
+    loaded modules are not the code on disk when it started (`stale_modules`): the code a
+    version runs is that code, whatever an earlier build left imported."""
+    if header.get("reimport", True):
+        return True
+    gone = [r for r in old if r not in roots]
+    return bool(header.get("code")) and bool(stale_modules(roots, gone))
 
 
 class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
-    """Compiles from the source file on every import and writes no .pyc."""
+    """Compiles from the source (the snapshot's copy where there is one) on every import
+    and writes no .pyc."""
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
         compiled.add(path)  # even when it does not compile: the fix must reload the model
-        return self.source_to_code(self.get_data(path), path)
+        data = self.get_data(source_path(path))
+        compiled_from[path] = _digest(data)
+        # A traceback or inspect.getsource shows the lines compiled, not the file's newer
+        # ones (an mtime of None: linecache.checkcache keeps the entry).
+        try:
+            lines = importlib.util.decode_source(data).splitlines(keepends=True)
+        except (SyntaxError, UnicodeDecodeError, LookupError):
+            lines = []  # compiling it says what is wrong
+        if lines:
+            linecache.cache[path] = (len(data), None, lines, path)
+        return self.source_to_code(data, path)
 
 
 class UserCodeFinder(importlib.abc.MetaPathFinder):
@@ -99,9 +201,11 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
 _finder = UserCodeFinder()
 
 
-def compile_from_source(roots: Sequence[Path]) -> None:
-    """From now on, modules imported from inside `roots` are compiled from their source."""
+def compile_from_source(roots: Sequence[Path], copies: Sequence[Sequence[str]] = ()) -> None:
+    """From now on, modules imported from inside `roots` are compiled from their source,
+    read from `copies` (live root, copy: the build's snapshot) where they hold the file."""
     _finder.set_roots(roots)
+    read_from(copies)
     if _finder not in sys.meta_path:
         at = next(
             (i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder),

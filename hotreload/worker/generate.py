@@ -20,6 +20,15 @@ from hotreload.worker.text_tokenizer import Tokenizer
 
 #: Keywords a forward may take its KV cache by, and the output attributes it comes back in.
 _CACHE_KWARGS = ("past_key_values", "cache")
+#: Config fields that hold how many positions a causal LM attends over, first found wins
+#: (the ones vLLM reads; GPT-2's own first, so the message names the key its config holds).
+_CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "max_seq_len", "seq_length", "n_ctx")
+#: RoPE scalings that stretch the context by their `factor` (vLLM's rule; llama3 and
+#: longrope configs state the stretched length already).
+_STRETCHING_ROPE = ("linear", "dynamic", "yarn")
+#: A tokenizer's `model_max_length` above this is transformers' "no limit" placeholder (1e30,
+#: clamped) or a guess, not a context length.
+_SENSIBLE_MAX_LENGTH = 10_000_000
 
 
 class NotAGenerator(ValueError):
@@ -38,16 +47,20 @@ class ModelCall:
     model: Any
     by_keyword: bool
     cache_kw: str | None
+    #: How many tokens (prompt and completion) the model attends over, and where that was
+    #: read (for the message); None: its config does not say.
+    context: tuple[int, str] | None = None
 
     @classmethod
     def of(cls, model: Any) -> ModelCall:
         fn = getattr(model, "forward", model)
+        context = model_context(model)
         try:
             params = inspect.signature(fn).parameters
         except (TypeError, ValueError):
-            return cls(model, False, None)
+            return cls(model, False, None, context)
         cache_kw = next((k for k in _CACHE_KWARGS if k in params), None)
-        return cls(model, "input_ids" in params, cache_kw)
+        return cls(model, "input_ids" in params, cache_kw, context)
 
     def __call__(self, ids: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, Any]:
         """Logits [1, len, vocab] for `ids` [1, len] (the new tokens when `cache` holds the
@@ -75,6 +88,86 @@ class ModelCall:
                 None,
             )
         return logits, new_cache
+
+
+def _config_context(config: Any) -> tuple[int, str] | None:
+    for key in _CONTEXT_KEYS:
+        n = getattr(config, key, None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            break
+    else:
+        return None
+    where = f"{key} in its config"
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and isinstance(rope.get("factor"), (int, float)):
+        kind = rope.get("rope_type", rope.get("type"))
+        if kind in _STRETCHING_ROPE and rope["factor"] > 1:
+            base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+            base = base if isinstance(base, int) and base > 0 else n
+            n = int(base * rope["factor"])
+            where = f"{where}, times its {kind} RoPE factor {rope['factor']:g}"
+    return n, where
+
+
+def model_context(model: Any) -> tuple[int, str] | None:
+    """The context length of a Hugging Face style model: its own `config`, or that of the
+    first submodule with one (a module wrapping a transformers model, as
+    examples/tiny_lm does), with where it was read. None: no config says."""
+    found = _config_context(getattr(model, "config", None))
+    if found is not None or not callable(getattr(model, "modules", None)):
+        return found
+    for sub in model.modules():
+        found = _config_context(getattr(sub, "config", None))
+        if found is not None:
+            return found
+    return None
+
+
+def prompt_bound(call: ModelCall, tok: Tokenizer) -> tuple[int, str] | None:
+    """The context a request must fit: the model config's, else the tokenizer's
+    `model_max_length` when it is one (not transformers' 1e30 placeholder)."""
+    if call.context is not None:
+        return call.context
+    n = tok.info.get("model_max_length")
+    if isinstance(n, int) and 0 < n <= _SENSIBLE_MAX_LENGTH:
+        return n, f"model_max_length of its tokenizer ({tok.source})"
+    return None
+
+
+def check_prompts(
+    call: ModelCall,
+    tok: Tokenizer,
+    prompts: list[list[int]],
+    max_tokens: int,
+    max_prompt_tokens: int | None,
+) -> None:
+    """Refuse, before any forward, a request that does not fit: a prompt over the model's
+    `max_prompt_tokens` key, or prompt + `max_tokens` over the model's context (vLLM's rule
+    and wording). Past the context a model with learned positions fails (on a GPU, with a
+    device-side assert that ruins the worker's CUDA context); one with rotary positions
+    runs a quadratic forward for as long as the prompt is (200k tokens: a minute).
+
+    The prompts come tokenized whole: no count of characters bounds the tokens (a character
+    can be several byte-level tokens, a normalizer can drop characters), and a fast
+    tokenizer truncating at the bound still encodes it all. The 1 MiB request header bounds
+    that work (200k characters: 0.01 s byte-level, 0.1 s BPE), linear where the forward it
+    spares is quadratic."""
+    context = prompt_bound(call, tok)
+    for i, ids in enumerate(prompts):
+        field = f"'prompt'[{i}]" if len(prompts) > 1 else "'prompt'"
+        n = len(ids)
+        if max_prompt_tokens is not None and n > max_prompt_tokens:
+            raise TextRequestError(
+                f"{field} has {n} tokens, over this model's limit of {max_prompt_tokens} "
+                "(max_prompt_tokens in its [[models]] table); shorten the prompt"
+            )
+        if context is not None and n + max_tokens > context[0]:
+            raise TextRequestError(
+                f"{field}: this model's maximum context length is {context[0]} tokens "
+                f"({context[1]}). However, you requested {n + max_tokens} tokens ({n} in the "
+                f"prompt, {max_tokens} in the completion). Please reduce the length of the "
+                "prompt or 'max_tokens'"
+            )
 
 
 @dataclass

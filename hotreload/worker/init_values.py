@@ -16,6 +16,13 @@ functions, on the loader thread; for usual models (layers initialised by
 `reset_parameters`, Hugging Face's `_init_weights`) that is a few small tensors or none,
 not the model. A limit: a parameter made with `torch.empty` and given no init at all holds
 whatever the allocator had, which may differ from one build to the next.
+
+A parameter an init function was given is left out by the parameter object too, not only
+by its memory: transformers ties ModernBERT's decoder and then pads its bias
+(`_adjust_bias`: `bias.data = pad(bias.data, ...)`), a copy of the memory the skipped init
+left as allocated, different on every build; the digest of it warned of an override on
+every code edit (issue 38). The other side: a value build() itself puts into such a
+parameter afterwards (`layer.bias.data = torch.full(...)`, or `copy_`) is not seen either.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,15 +56,40 @@ def _digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def built_values(model: object, skipped: set[int]) -> dict[str, str]:
-    """Each state-dict key of `model` whose value build() computed -> its digest; keys over
-    memory that skipped init left as allocated (`skipped`: their data pointers) are left
-    out, as are meta tensors."""
+class InitGiven:
+    """The tensors init functions were given while a build ran: their data pointers, and
+    the tensor objects themselves (held weakly: a build keeps none of them alive)."""
+
+    def __init__(self) -> None:
+        self.pointers: set[int] = set()
+        self._objects: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def add(self, t: torch.Tensor) -> None:
+        if t.numel():
+            self.pointers.add(t.data_ptr())
+        with contextlib.suppress(TypeError):
+            self._objects[id(t)] = weakref.ref(t)
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Was `t`, or the memory under it, given to an init function?"""
+        ref = self._objects.get(id(t))
+        return (ref is not None and ref() is t) or bool(t.numel() and t.data_ptr() in self.pointers)
+
+    def clear(self) -> None:
+        self.pointers.clear()
+        self._objects.clear()
+
+
+def built_values(model: object, skipped: InitGiven) -> dict[str, str]:
+    """Each state-dict key of `model` whose value build() computed -> its digest; tensors
+    an init function was given (`skipped`) are left out, as are meta tensors."""
     if not isinstance(model, torch.nn.Module):
         return {}
     out: dict[str, str] = {}
     for name, t in model.state_dict(keep_vars=True).items():
-        if t.device.type == "meta" or (t.numel() and t.data_ptr() in skipped):
+        if not isinstance(t, torch.Tensor) or t.is_quantized:
+            continue  # packed parameters (a dtype, a tuple), quantized after build()'s init
+        if t.device.type == "meta" or skipped.holds(t):
             continue
         out[name] = _digest(t)
     return out

@@ -23,7 +23,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.errors import did_you_mean
-from hotreload.worker import adapter_copy
+from hotreload.worker import adapter_copy, smoke_checks
 from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
 from hotreload.worker.inputs import to_device
@@ -82,6 +82,10 @@ class ModelVersion:
     digest_future: Future[str] | None = None
     #: Bytes its digest hashed: the rest were remembered (weights_digest.py, a block's leaves).
     hashed_bytes: int | None = None
+    #: What other ops made once for this version (text_op.py's call, tokenizer and
+    #: vocabulary size): kept on the version so they go with it; a module-level cache held
+    #: a released version's model (and its device memory) until the next text request.
+    made: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -144,6 +148,21 @@ def drop_user_modules(roots: Sequence[Path]) -> list[str]:
     # A file added since the last load is found even within the folder's mtime tick.
     importlib.invalidate_caches()
     return names
+
+
+def user_modules(roots: Sequence[Path]) -> dict[str, Any]:
+    """The user's modules as they are now (a version keeps those its build ran)."""
+    return {name: sys.modules[name] for name in user_module_names(roots) if name in sys.modules}
+
+
+def restore_user_modules(roots: Sequence[Path], modules: dict[str, Any]) -> None:
+    """Put back the user's modules a version was built with: a refused build of an edit
+    since undone left its own imported, and a push (the serving code, never the files)
+    whose build() runs must find the serving version's, not those (issue 38, item 10)."""
+    for name in user_module_names(roots):
+        if sys.modules.get(name) is not modules.get(name):
+            sys.modules.pop(name, None)
+    sys.modules.update(modules)
 
 
 def _path_first(folder: str) -> None:
@@ -270,6 +289,7 @@ def build_version(
     digest_now: bool = False,
     unchanged: Sequence[int] | None = None,
     same_code: bool = False,
+    restart: bool = False,
 ) -> ModelVersion:
     """Import (or reuse) the code, call the factory, load weights, move to the device.
     `step_done` runs between those steps (a `Pacer` yields the CPU to serving there).
@@ -328,6 +348,7 @@ def build_version(
                 shared=bool(spec.get("shared_weights")),
                 unchanged=unchanged,
                 adapters=(spec.get("adapters") or (), spec.get("default_adapter")),
+                restart=restart,
             )
         )
         if isinstance(model, torch.nn.Module):
@@ -427,17 +448,11 @@ def smoke(
         raise LoadError(f"smoke test: {exc}") from None
     note = dropped_note(dropped)
     mv.notes = [*mv.build_notes, *([note] if note else [])]
-    for name, t in outputs.items():
-        if not isinstance(t, torch.Tensor):
-            continue  # strings
-        if t.is_floating_point() or t.is_complex():
-            finite = torch.isfinite(t)
-            if not bool(finite.all()):
-                bad = int((~finite).sum())
-                raise LoadError(
-                    f"smoke test: output {name!r} has {bad} non-finite value(s) (NaN or inf) "
-                    f"out of {t.numel()} for the example input"
-                )
+    smoke_checks.check_finite(outputs)
+    # And each adapter this build touched (a NaN pushed into one that is not the default).
+    smoke_checks.check_adapters(
+        mv, lambda: normalise_output(forward(mv, mv.example_form, mv.example))[1]
+    )
     sig = output_signature(outputs, out_form)
     if expected:
         _check_expected(sig, expected)
@@ -464,6 +479,7 @@ def release(mv: ModelVersion | None) -> None:
         mv.weights.shared.close()  # its pages go once no version maps them
     mv.model = None  # type: ignore[assignment]
     mv.example = {}
+    mv.made.clear()
     mv.stream = None
     # A full collection holds the GIL for tens of ms and stalls the serving thread; most of a
     # module goes with its last reference, so collect the young generations first and do a

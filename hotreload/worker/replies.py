@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hotreload.protocol.framing import pack_spilling
 from hotreload.protocol.replies import SyncReply
 from hotreload.worker.loader import LoadError
 
@@ -16,12 +17,16 @@ _INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<froz
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The traceback without hotreload's and importlib's own frames: the user's code first."""
+    """The traceback without hotreload's and importlib's own frames: the user's code first.
+    An exception raised in hotreload's own code (not a LoadError: a bug, or a model it does
+    not handle yet) keeps every frame: without them it was one line nobody could place."""
     te = traceback.TracebackException.from_exception(exc)
+    ours = bool(te.stack) and te.stack[-1].filename.startswith(_INTERNAL[0])
     # A SyntaxError in the user's file has no user frame at all: its own lines show where.
-    te.stack = traceback.StackSummary.from_list(
-        [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
-    )
+    if not ours:
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in te.stack if not f.filename.startswith(_INTERNAL)]
+        )
     return "".join(te.format())
 
 
@@ -62,6 +67,23 @@ def message_of(exc: BaseException) -> str:
 def error_header(rid: Any, code: str, message: str, **extra: Any) -> dict[str, Any]:
     """A failed reply's header: `{"id", "ok": false, "error": {code, message, ...}}`."""
     return {"id": rid, "ok": False, "error": {"code": code, "message": message, **extra}}
+
+
+def reply_pieces(header: dict[str, Any], blobs: list[Any], max_frame: int) -> list[Any]:
+    """A reply's frame, its header in the payload when too large for a header (a long
+    prompt's tokens, echoed logprobs), or, when the whole would pass the `max_frame` bytes
+    the session reads, an error that says so: the session never gets a frame it must refuse
+    (which would cost the channel, and so the worker and every request on it)."""
+    pieces = pack_spilling(header, blobs)
+    size = sum(memoryview(p).nbytes for p in pieces) - 4  # the body, as the length counts
+    if size <= max_frame:
+        return pieces
+    message = (
+        f"the answer is {size} bytes, over the {max_frame}-byte frame limit (max_frame_mib "
+        "in the config); ask for less in one request (fewer prompts or logprobs, a shorter "
+        "prompt, a smaller batch)"
+    )
+    return pack_spilling(error_header(header.get("id"), "bad_request", message))
 
 
 def answer_bad(send: Callable[[dict[str, Any]], None]) -> Callable[[Exception], None]:

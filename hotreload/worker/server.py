@@ -26,7 +26,7 @@ from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.replies import LoadReply, SmokeReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
 from hotreload.worker import adapters, imported_files, loader, oom, replies, weights_digest
-from hotreload.worker.fresh_source import code_roots, compile_from_source
+from hotreload.worker.fresh_source import code_roots, compile_from_source, must_reimport
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
 from hotreload.worker.pacing import Pacer, no_pause
@@ -67,7 +67,7 @@ class Worker:
     # ------------------------------------------------------------------ plumbing
 
     def send(self, header: dict[str, Any], blobs: list[Any] | None = None) -> None:
-        pieces = pack_frame(header, blobs or [])
+        pieces = replies.reply_pieces(header, blobs or [], self.max_frame)
         with self.send_lock:
             try:
                 send_frame(self.sock, pieces)
@@ -148,8 +148,8 @@ class Worker:
                 try:  # `adapter` chooses one of peft's adapters (worker/adapters.py)
                     params = adapters.choose(mv, params)
                     loader.check_parameters(mv, params or {}, inputs)
-                except LoadError as exc:
-                    self.send(error_header(h["id"], "bad_request", str(exc)))
+                except LoadError as exc:  # an adapter left out is unavailable, not bad
+                    self.send(error_header(h["id"], getattr(exc, "code", "bad_request"), str(exc)))
                     return
             out = loader.forward(mv, mv.example_form, inputs, params)
             form, outputs, _ = normalise_output(out)
@@ -188,10 +188,13 @@ class Worker:
             new_roots = set(self._code_roots())
             loader.forget_paths([r for r in old_roots if r not in new_roots])
         roots = self._code_roots()
-        compile_from_source(roots)
+        compile_from_source(roots, (h.get("code") or {}).get("sources") or ())  # its snapshot
         dropped: list[str] = []
-        if h.get("reimport", True):
+        if reimport := must_reimport(h, roots, old_roots):  # or the code loaded is stale
             dropped = loader.drop_user_modules(old_roots + self._code_roots())
+        elif not h.get("code") and self.current is not None and "modules" in self.current.made:
+            # A push runs the serving version's code, whatever a refused build left imported.
+            loader.restore_user_modules(roots, self.current.made["modules"])
         if self.staged is not None:
             loader.release(self.staged)
             self.staged = None
@@ -213,10 +216,12 @@ class Worker:
                 overlays=h.get("overlays") or (),
                 digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
                 unchanged=shard_reuse if shard_reuse is not None and not h.get("reuse") else None,
-                same_code=not h.get("reimport", True),
+                same_code=not reimport,
+                restart=bool(h.get("restart")),  # a broken adapter is left out (adapters.py)
             )
         if self.device.type != "cuda":  # no allocator: resident-set growth is the closest
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
+        mv.made["modules"] = loader.user_modules(roots)
         self.staged = mv
         reply = LoadReply(
             load_s=mv.load_s,
@@ -238,7 +243,7 @@ class Worker:
             init_digests=mv.init_digests,
             adapters=mv.weights.adapters.wire() if mv.weights.adapters else None,
             imports=imported_files.imported_files(roots),
-            libraries=imported_files.libraries() if h.get("reimport", True) else [],
+            libraries=imported_files.libraries() if reimport else [],
         )
         self.send({"id": h["id"], "ok": True, **reply.wire()})
 

@@ -1,11 +1,61 @@
-"""The smoke test's comparison of a version's output signature with the config's
-`expected_output` (kept out of loader.py, which builds and runs versions)."""
+"""The smoke test's checks of a version's outputs (kept out of loader.py, which builds and
+runs versions): finite values, for the default adapter and for each adapter the build
+touched, and the output signature against the config's `expected_output`.
+
+The example runs once with what a request naming no adapter gets. A NaN pushed into
+another adapter shows only when that adapter is active, so each adapter whose tensors this
+build read from its file or took from a push is run once too (one forward each); the
+adapters shared as they are with the serving version passed their own smoke test.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from hotreload.worker.load_error import LoadError
+
+
+def check_finite(outputs: Mapping[str, Any], adapter: str | None = None) -> None:
+    """LoadError for an output holding NaN or inf (run with `adapter`, when named)."""
+    with_adapter = f" with adapter {adapter!r}" if adapter is not None else ""
+    for name, t in outputs.items():
+        if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+            continue  # strings, integers
+        finite = torch.isfinite(t)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            raise LoadError(
+                f"smoke test: output {name!r} has {bad} non-finite value(s) (NaN or inf) "
+                f"out of {t.numel()} for the example input{with_adapter}"
+            )
+
+
+def touched_adapters(mv: Any) -> list[str]:
+    """The adapters of `mv` whose tensors this build read or took from a push, but the one
+    active now (the example ran with it)."""
+    aset = getattr(getattr(mv, "weights", None), "adapters", None)
+    if aset is None:
+        return []
+    return [n for n, a in aset.adapters.items() if a.source != "shared" and n != aset.active]
+
+
+def check_adapters(mv: Any, outputs_of_example: Callable[[], Mapping[str, Any]]) -> None:
+    """The example once with each of `touched_adapters(mv)` active, its outputs checked
+    finite; the adapter active before is active again after (a failure included)."""
+    names = touched_adapters(mv)
+    if not names:
+        return
+    aset = mv.weights.adapters
+    before = aset.active
+    try:
+        for name in names:
+            aset.select(name)
+            check_finite(outputs_of_example(), name)
+    finally:
+        aset.select(before)
 
 
 def fmt_sig(sig: list[dict[str, Any]]) -> str:

@@ -26,7 +26,13 @@ from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
 from hotreload.worker.shared_weights import SharedBlock, as_mapped, map_block
-from hotreload.worker.weights import _problems, apply_prefix, load_weights, tied_groups
+from hotreload.worker.weights import (
+    _problems,
+    apply_prefix,
+    load_weights,
+    packed_entries,
+    tied_groups,
+)
 
 
 @dataclass
@@ -77,6 +83,8 @@ def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Te
     new = model.state_dict(keep_vars=True)
     if set(new) != set(old):
         return {}, "the module's parameter names changed"
+    if packed_entries(new):
+        return {}, f"{packed_entries(new)[0]} is a quantized layer's, packed: not shared"
     for key, t in new.items():
         o = old[key]
         if tuple(o.shape) != tuple(t.shape) or o.dtype != t.dtype:
@@ -213,12 +221,15 @@ def place_weights(
     shared: bool = False,
     unchanged: Sequence[int] | None = None,
     adapters: tuple[Sequence[Mapping[str, Any]], str | None] = ((), None),
+    restart: bool = False,
 ) -> PlacedWeights:
     """Fill `model`'s weights: the base (shared from `current`, or mapped from another
     worker's block `base`, else the files), then the `overlays` the base does not hold yet,
     then the peft `adapters` (declared folders, default) over them. `unchanged` (with
     `current`): only these files (indices) are unchanged since `current` read them; the
-    others are read, the tensors of these shared. LoadError says what does not fit."""
+    others are read, the tensors of these shared. `restart`: the worker died and this
+    build brings its version back, without an adapter whose files cannot be read
+    (adapters.py). LoadError says what does not fit."""
     placed = PlacedWeights()
     specs, default_adapter = adapters
     if specs and not isinstance(model, torch.nn.Module):
@@ -298,7 +309,7 @@ def place_weights(
     if specs:
         placed.adapters = attach(
             model, specs, default_adapter, current=current, pushes=pushed_adapters,
-            device=device, prefix=prefix,
+            device=device, prefix=prefix, restart=restart,
         )  # fmt: skip
         placed.overlay_ids = tuple(sorted({*applied, *(i for i, _ in pushed_adapters)}))
     return placed

@@ -19,6 +19,7 @@ refused in one sentence that says what to do instead, not torch's page of advice
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import pickle
@@ -153,6 +154,13 @@ def apply_prefix(keys: Iterable[str], prefix: Mapping[str, str] | None) -> dict[
     return {k: add + (k[len(strip) :] if strip and k.startswith(strip) else k) for k in keys}
 
 
+def packed_entries(state: Mapping[str, Any]) -> list[str]:
+    """Keys of a state dict whose value is not a plain tensor: a quantized layer's (its
+    packed parameters hold a dtype and a tuple of tensors; its weight is a quantized
+    tensor, which neither a view nor an assignment keeps packed)."""
+    return [k for k, t in state.items() if not isinstance(t, torch.Tensor) or t.is_quantized]
+
+
 def tied_groups(model: torch.nn.Module) -> dict[str, frozenset[str]]:
     """Each state-dict key of a tensor shared with other keys -> every key sharing it.
 
@@ -161,6 +169,8 @@ def tied_groups(model: torch.nn.Module) -> dict[str, frozenset[str]]:
     """
     by_view: dict[tuple[Any, ...], set[str]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
+        if not isinstance(t, torch.Tensor):
+            continue  # a quantized layer's packed parameters: a dtype, a tuple
         if t.numel() == 0 or t.device.type == "meta":
             continue  # no storage to share: address 0 for every one of them
         key = (t.device, t.dtype, tuple(t.shape), t.stride(), t.data_ptr())
@@ -261,22 +271,36 @@ def load_weights(
     ties = tied_groups(model)
     missing, unexpected = _problems(module_keys, set(mapped) | (elsewhere or set()), ties)
     if missing or unexpected:
-        raise LoadError(
-            _mismatch(
-                missing, unexpected, list(state), module_keys, ties, prefix, converted.converted
-            )
+        text = _mismatch(
+            missing, unexpected, list(state), module_keys, ties, prefix, converted.converted
         )
+        packed = packed_entries(model.state_dict(keep_vars=True))
+        if packed and set(packed) & set(missing):
+            text += (
+                f" (build() returns a quantized module: {packed[0]} is packed; save the "
+                "weights of the quantized module, torch.save(model.state_dict(), path), or "
+                "load the float weights inside build() before quantizing and remove `weights`)"
+            )
+        raise LoadError(text)
     if by_file is not None:
         by_file[:] = _keys_by_file(converted.sources, file_of, mapping, ties, len(files))
     _check_tied_values(mapped, ties)
     block = None
+    # A quantized layer's packed parameters load through its own _load_from_state_dict,
+    # which repacks them: copied in, not assigned.
+    packed = bool(packed_entries(mapped))
     try:
-        if assign:
-            read = {id(t) for t in state.values()}  # the rest were made by the conversion
-            fresh = {k for k, t in mapped.items() if id(t) not in read}
+        if assign and not packed:
+            fresh = _made_fresh(state, mapped)
             owned, block = owned_tensors(model, mapped, shared=shared, fresh=fresh)
             model.load_state_dict(owned, strict=False, assign=True)
             retie(model, ties, set(mapped))
+        elif packed:
+            # Its layout version rides on the state dict (quantized Linear: version 3 packs
+            # weight and bias in one tuple); the keys matched the module's, so its own.
+            own = collections.OrderedDict(mapped)
+            own._metadata = getattr(model.state_dict(), "_metadata", None)  # type: ignore[attr-defined]
+            model.load_state_dict(own, strict=False)
         else:
             model.load_state_dict(mapped, strict=False)
     except RuntimeError as exc:  # size mismatches
@@ -287,6 +311,21 @@ def load_weights(
             "from this model's code"
         ) from None
     return block
+
+
+def _made_fresh(read: Mapping[str, torch.Tensor], mapped: Mapping[str, torch.Tensor]) -> set[str]:
+    """The keys of `mapped` whose tensors the conversion made in memory of its own (experts
+    stacked), not the file's tensors nor views of them: a split of a fused tensor
+    (transformers' `Chunk`, GTE's qkv) is a view over the file's mapping, which must be
+    copied like the file's own tensors (fast_build.owned_tensors)."""
+    ids = {id(t) for t in read.values()}
+    storages = {t.untyped_storage().data_ptr() for t in read.values() if t.device.type == "cpu"}
+    return {
+        k
+        for k, t in mapped.items()
+        if id(t) not in ids
+        and not (t.device.type == "cpu" and t.untyped_storage().data_ptr() in storages)
+    }
 
 
 def _keys_by_file(

@@ -13,6 +13,12 @@ The format (version 1), for anyone recomputing it elsewhere:
   sha256 is a leaf (an empty tensor has no leaves);
 - each tensor's record: `u32 length | JSON [name, dtype, shape, nbytes]` (compact
   separators, dtype as torch names it without "torch.", e.g. "bfloat16"), then its leaves;
+- an entry that is not a plain tensor (a quantized layer's state: packed parameters hold a
+  dtype and a tuple) is recorded as plain tensors first (`plain_entries`): a quantized
+  tensor as its integer values under its name and its quantization under `name#scale`,
+  `name#zero_point` (float64, int64) and `name#qscheme` (the text, as uint8); a tuple or
+  list as its items under `name.0`, `name.1`, ...; anything else (a dtype, a number) as
+  the UTF-8 bytes of its repr(), as uint8;
 - the digest: sha256 of `b"hotreload-state-v1\\0"` and every record in sorted name order;
   the text is "sha256:" and the first 32 hex digits (128 bits: plenty to tell versions
   apart, short enough to read in a status line).
@@ -189,8 +195,46 @@ def _done(leaves: list[bytes]) -> list[Future[bytes]]:
     return out
 
 
+def _text(value: str) -> torch.Tensor:
+    return torch.tensor(list(value.encode()), dtype=torch.uint8)
+
+
+def plain_entries(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """`state` with every entry a plain tensor (the module doc says how the others are):
+    `state` itself when they are all plain already."""
+    if all(isinstance(t, torch.Tensor) and not t.is_quantized for t in state.values()):
+        return dict(state)
+    out: dict[str, torch.Tensor] = {}
+
+    def add(name: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor) and value.is_quantized:
+            out[name] = value.int_repr()
+            scheme = value.qscheme()
+            if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                scale = torch.tensor([value.q_scale()], dtype=torch.float64)
+                zero = torch.tensor([value.q_zero_point()], dtype=torch.int64)
+            else:
+                scale = value.q_per_channel_scales().to(torch.float64)
+                zero = value.q_per_channel_zero_points().to(torch.int64)
+                scheme = f"{scheme}:{value.q_per_channel_axis()}"  # type: ignore[assignment]
+            out[f"{name}#scale"], out[f"{name}#zero_point"] = scale, zero
+            out[f"{name}#qscheme"] = _text(str(scheme))
+        elif isinstance(value, torch.Tensor):
+            out[name] = value
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                add(f"{name}.{i}", item)
+        else:
+            out[name] = _text(repr(value))
+
+    for name, value in state.items():
+        add(name, value)
+    return out
+
+
 def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = None) -> str:
     """The content digest of `state` (name -> tensor, on any device); see the module doc."""
+    state = plain_entries(state)
     names = sorted(state)
     # Tensors over the same bytes (tied weights) share their leaves: hashed once.
     shared: dict[tuple[str, int, int, str], list[Future[bytes]]] = {}

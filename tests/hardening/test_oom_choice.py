@@ -11,10 +11,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, wait_until
 
 BUILDER = """
 import sys, time
@@ -110,6 +111,62 @@ def test_in_a_full_memory_cgroup_the_builder_dies_not_the_server(memory_cgroup: 
         assert server.poll() is None, "the OOM killer took the serving process"
     finally:
         for p in (server, builder):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_a_served_worker_sits_above_its_manager_for_the_oom_killer(
+    project: Path, serve: Any
+) -> None:
+    """Issue 38, item 5: under `inplace` the serving worker builds, warms and smoke-tests the
+    next version itself; outside a build it must still be picked before the manager."""
+
+    def score(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+    for strategy in ("inplace", "respawn"):
+        text = project.read_text().replace('strategy = "inplace"', f'strategy = "{strategy}"')
+        project.write_text(text)
+        session = serve(project)
+        manager = score(session.proc.pid)
+
+        def marked(session: Any = session, manager: int = manager) -> bool:
+            # A standby still starting Python (before the worker's first line) holds no
+            # memory yet: wait for it to mark itself.
+            workers = session.worker_pids()
+            return bool(workers) and all(score(w) >= min(1000, manager + 500) for w in workers)
+
+        wait_until(marked, 30, what=f"{strategy}: every worker's oom_score_adj over the manager's")
+        session.close()
+
+
+GROWING_WORKER = """
+import time
+from hotreload.worker.oom import mark_worker
+
+mark_worker()
+print("marked", open("/proc/self/oom_score_adj").read().strip(), flush=True)
+blocks = []
+while True:  # a warm-up (not a build) that runs out of memory
+    blocks.append(bytearray(8 << 20))
+    time.sleep(0.01)
+"""
+
+
+def test_in_a_full_memory_cgroup_a_worker_dies_not_its_larger_manager(
+    memory_cgroup: Path,
+) -> None:
+    manager = _in_group(memory_cgroup, SERVER)  # larger than the worker when memory runs out
+    worker = None
+    try:
+        assert manager.stdout is not None and manager.stdout.readline().strip() == "ready"
+        worker = _in_group(memory_cgroup, GROWING_WORKER)
+        worker.wait(60)
+        assert worker.returncode == -signal.SIGKILL, worker.returncode
+        assert manager.poll() is None, "the OOM killer took the manager"
+    finally:
+        for p in (manager, worker):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(10)

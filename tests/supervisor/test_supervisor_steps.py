@@ -22,7 +22,7 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor, PhaseFailed
 from hotreload.engine.model.workers import WorkerFactory
-from hotreload.errors import WorkerUnavailableError
+from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
 from tests.supervisor.fake_worker import FakeWorker, Script
@@ -207,9 +207,9 @@ async def test_a_hung_forward_is_a_wedge_and_the_worker_is_replaced(make: Make) 
     assert sup.worker is not wedged and sup.version == 1
     assert "kill" in script.ops(wedged.pid)
     assert kinds(sup, "wedged", "worker_restarted") == ["wedged", "worker_restarted"]
-    # The hung request is not sent again (it may be what hung the worker): its caller is
-    # told why, and the new worker serves the next ones.
-    with pytest.raises(WorkerUnavailableError, match="not sent again"):
+    # The hung request is not sent again (it hung the worker): its caller is told so (a
+    # 504, issue 38), and the new worker serves the next ones.
+    with pytest.raises(RequestTimeoutError, match="killed past its deadline"):
         await asyncio.wait_for(stuck, 10)
     assert (await request(sup)).header["version"] == 1
 
@@ -227,7 +227,7 @@ async def test_a_wedged_drain_in_a_reload_restarts_on_the_last_good_version(make
     assert not outcome.ok and outcome.phase == "drain", outcome
     assert "killed and restarted with v1" in (outcome.error or "")
     assert sup.version == 1 and sup.state == "serving"
-    with pytest.raises(WorkerUnavailableError, match="not sent again"):
+    with pytest.raises(RequestTimeoutError, match="killed past its deadline"):
         await asyncio.wait_for(stuck, 10)
     assert (await request(sup)).header["version"] == 1
 
@@ -318,7 +318,7 @@ async def test_no_phase_is_left_showing_after_a_start_whose_digest_came_late(mak
 @stepped
 async def test_a_respawn_hand_over_abandons_an_old_worker_hung_in_its_drain(make: Make) -> None:
     """The new version is built and serving; the old worker's hung forward only means the
-    old worker is killed (its hung request answered with why, not sent again), not a failed
+    old worker is killed (its hung request told it was killed past its deadline), not a failed
     reload."""
     script = Script()
     sup = make(
@@ -335,6 +335,6 @@ async def test_a_respawn_hand_over_abandons_an_old_worker_hung_in_its_drain(make
     assert sup.worker is not old and "kill" in script.ops(old.pid)
     assert any("old worker wedged in drain: abandoned" in d for d in outcome.detail), outcome
     assert kinds(sup, "wedged")[-1:] == ["wedged"]
-    with pytest.raises(WorkerUnavailableError, match="not sent again"):
+    with pytest.raises(RequestTimeoutError, match="killed past its deadline"):
         await asyncio.wait_for(stuck, 10)
     assert (await request(sup)).header["version"] == 2

@@ -202,7 +202,8 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
             info.block = adopt_block(r.shared)  # read from the files just now
         elif (r.reused or r.mapped) and spec.serving_block is not None:
             info.block = spec.serving_block  # the same memory, shared or mapped
-        what = f"{r.reimported} module(s) re-imported" if spec.reimport else "weights only"
+        reimported = spec.reimport or r.reimported  # a weights-only build may (stale code)
+        what = f"{r.reimported} module(s) re-imported" if reimported else "weights only"
         copied = r.copied
         if r.copied:
             what += ", the serving module copied (no build() call)"
@@ -445,8 +446,8 @@ def make_spec(
     """What the next build needs from a model's record. `mode`: "start", "restart", "cold",
     "reload" or "push_elsewhere" (a push built in another worker: the serving version's code
     from its snapshot, imported there); `job`: the reload (jobs.ReloadJob) whose build takes
-    the user's code from the files again (None: a push runs the serving code again, a start
-    the code it has)."""
+    the user's code from the files again, as does a start (None: a push runs the serving
+    code again)."""
     current = record.current
     job_code, weights_only = job is not None, bool(job is not None and job.weights_only)
     if mode == "start":
@@ -459,8 +460,9 @@ def make_spec(
         warm_state = "warming" if cold else None
     if mode in ("restart", "push_elsewhere"):
         code = code_paths(model, root, record.good_snapshot)
-    else:
-        code = code_paths(model, root) if job_code else None
+    else:  # the files as this build's snapshot found them (worker/fresh_source.py)
+        from_files = job_code or mode == "start"
+        code = code_paths(model, root, sources=record.build_snapshot) if from_files else None
 
     def serving_busy() -> bool:
         serving = record.serving

@@ -78,7 +78,7 @@ def adopt(descriptor: Any, strict: bool, overlay_id: int) -> Overlay:
     state = dict(descriptor)
     # Beside the state (Overlay.wire), when they fit a build request's bound. The size is
     # push_leaves.leaves_json_size's, written out: a call back into protocol/ here would be
-    # a step out and back on the push path (tests/supervisor/test_reload_trace.py).
+    # a step out and back on the push path (benchmarks/reload_trace.py counts them).
     leaves = state.pop("leaves", None) or None
     if leaves and sum(len(k) + 8 + 67 * len(v) for k, v in leaves.items()) > MAX_LEAVES_JSON:
         leaves = None  # a worker mapping the push hashes it
@@ -143,6 +143,9 @@ class WeightsPlan:
     #: Some files changed, these (indices) did not: the serving worker shares their tensors
     #: and reads the others (a sharded checkpoint with one shard saved again).
     unchanged_files: list[int] | None = None
+    #: A restart: the serving version back in a new worker. An adapter whose files cannot
+    #: be read (a save cut short) is left out, answering why, rather than the whole model.
+    restart: bool = False
 
     def wire(self) -> dict[str, Any]:
         """The LOAD fields: a worker skips the pushes its base already holds."""
@@ -151,6 +154,7 @@ class WeightsPlan:
             "overlays": [o.wire() for o in self.overlays],
             **({"base": self.base} if self.base else {}),
             **({"unchanged_files": self.unchanged_files} if self.unchanged_files else {}),
+            **({"restart": True} if self.restart else {}),
         }
 
 
@@ -181,7 +185,7 @@ def plan_weights(
     base = serving_block if not same_worker and unchanged else None
     lost = [o for o in keep if not o.replayable and not reuse]
     keep = [o for o in keep if o not in lost] + ([push] if push is not None else [])
-    plan = WeightsPlan(stat, superseded_dropped(keep), reuse, push, lost, base)
+    plan = WeightsPlan(stat, superseded_dropped(keep), reuse, push, lost, base, restart=restart)
     if same_worker and not restart and not unchanged and not held and held_stat is not None:
         # No pushes lie over the serving tensors: those of the files unchanged are the files'.
         same = [i for i, (a, b) in enumerate(zip(stat, held_stat, strict=False)) if a and a == b]

@@ -89,6 +89,9 @@ class ModelRecord:
     clock: Any = None
     #: Copy of the code and weights of the version serving now (None: use the disk).
     good_snapshot: Snapshot | None = None
+    #: The snapshot taken for the last start or reload: its build compiles the user's code
+    #: from the copies there, the code on disk when it started (worker/fresh_source.py).
+    build_snapshot: Snapshot | None = None
     #: Every reload's outcome, oldest first.
     history: list[ReloadOutcome] = field(default_factory=list)
     #: Weights pushed since the weights files last changed, oldest first: every build lays

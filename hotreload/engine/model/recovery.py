@@ -40,6 +40,7 @@ async def restart(
     *,
     escalate: Callable[[], Awaitable[None]] | None,
     closed: Callable[[], bool],
+    wedged: bool = False,
 ) -> None:
     """Replace a dead or wedged worker with a fresh one serving the same version (`spec`,
     made for mode "restart" on the last good snapshot). `escalate`: a wedged worker's GPU
@@ -49,6 +50,8 @@ async def restart(
     st.set_state("restarting", reason=reason)
     old = rec.serving
     if old is not None and old.alive:
+        if wedged:
+            st.blame_hung(old)  # before the kill fails what it holds
         await old.kill()
     if escalate is not None:
         await escalate()
@@ -159,6 +162,7 @@ class Recovery:
             reason,
             escalate=self.escalate if wedged else None,
             closed=lambda: self.closed,
+            wedged=wedged,
         )
         if st.record.state == "serving":
             await st.settle_digest(st.runner(None))

@@ -18,6 +18,7 @@ from typing import Any
 
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.event_kinds import (
+    LockWait,
     ModelNote,
     PhaseEnd,
     Ready,
@@ -263,6 +264,11 @@ class ModelState:
     def fail_queued(self, error: ClientError) -> None:
         self.router.fail_queued(error)
 
+    def blame_hung(self, worker: WorkerProcess) -> None:
+        """`worker` is about to be killed as wedged: a request it has run past `forward_s`
+        is the one told it hung; the others it holds are retried."""
+        self.router.hung_on(worker, self.model.deadlines.forward_s)
+
     # ------------------------------------------------------------------ what a version keeps
 
     async def snapshot(
@@ -274,7 +280,8 @@ class ModelState:
         )
         if isinstance(taken, str):
             self.events.emit(SnapshotSkipped(model=self.name, reason=taken))
-            return None
+            taken = None
+        self.record.build_snapshot = taken  # the build reads the code from it
         return taken
 
     async def promote(self, snapshot: Snapshot | None) -> None:
@@ -315,14 +322,26 @@ class ModelState:
 
     @contextlib.asynccontextmanager
     async def device_lock(
-        self, locks: DeviceLocks, outcome: ReloadOutcome | None = None
+        self,
+        locks: DeviceLocks,
+        outcome: ReloadOutcome | None = None,
+        worker: WorkerProcess | None = None,
     ) -> AsyncIterator[None]:
-        """The lock of the device the model runs on: one build at a time per device."""
-        serving = self.record.serving
-        device = (serving.device if serving else None) or self.model.device
-        key = "cpu" if device in ("cpu", "auto") else device
+        """The lock of the device the model runs on: one build at a time per device. A wait
+        past a second is said at once (who holds it), not only when it ends. `worker`: the
+        one about to build (a start's), whose device its hello said."""
+        held = worker or self.record.serving
+        device = (held.device if held else None) or self.model.device
+        # "auto" not yet resolved by a worker (a cold build after an unload) may be a GPU:
+        # it takes the lock shared across sessions, as a GPU's.
+        key = device if device != "auto" else "auto"
         waited_note: list[str] = []
-        async with locks.hold(key, on_wait=waited_note.append) as waited:
+
+        def waiting(line: str) -> None:
+            waited_note.append(line)
+            self.events.emit(LockWait(model=self.name, device=key, message=line))
+
+        async with locks.hold(key, on_wait=waiting, model=self.name) as waited:
             if waited > 0.005 and outcome is not None:
                 outcome.phases["lock"] = waited
                 self.events.emit(

@@ -21,6 +21,7 @@ runs after a reload, never beside it. A failed build leaves the old version serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -275,7 +276,7 @@ class ModelSupervisor:
             async with self.workers.spawning(None, phase="start") as held:
                 st.set_state("loading", pid=held.worker.pid)
                 try:
-                    async with self.st.device_lock(self.locks):
+                    async with self.st.device_lock(self.locks, worker=held.worker):
                         info = await phases.build(run, held.worker, self._spec("start"))
                         await phases.own_swap(held.worker)
                 except PhaseFailed:
@@ -313,17 +314,22 @@ class ModelSupervisor:
         run = st.runner(outcome)
         inputs_before = list(rec.current.inputs) if rec.current else None
         try:
-            async with st.device_lock(self.locks, outcome):
-                old, candidate = rec.serving, None
+            # "Unchanged" is decided before any lock: a no-op save never waits for a reload
+            # of another model (or, on a GPU, another session) to say so.
+            async with contextlib.AsyncExitStack() as lock:
+                candidate, locked = None, False
                 try:
-                    cold = old is None or not old.alive or rec.current is None
                     await phases.wait_for_checkpoints(run, self.model, self.events)
                     candidate = await st.snapshot(
                         self.snapshot_dir, self.config, self.ignore, rec.next_version
                     )
-                    if not cold and not job.force:  # the serving version again: no build
+                    if not self._cold() and not job.force:  # the serving version again
                         await unchanged.check(outcome, self.model, self.config.root, rec, candidate)
                     if not outcome.unchanged:
+                        await lock.enter_async_context(st.device_lock(self.locks, outcome))
+                        locked = True
+                        # Read after the wait: the worker may have died meanwhile.
+                        old, cold = rec.serving, self._cold()
                         outcome.policy = "start"
                         if not cold:
                             outcome.policy = await choose_policy(
@@ -342,6 +348,8 @@ class ModelSupervisor:
                 if built:
                     await st.settle_digest(run)
                     await st.promote(candidate)
+                if self.recovery.lost() and not locked:  # its restart builds: it locks
+                    await lock.enter_async_context(st.device_lock(self.locks))
                 await self.recovery.restart_if_lost(outcome)
                 if not built and not snapshot_keeper.is_good(rec.good_snapshot, candidate):
                     await snapshot_keeper.discard(candidate)
@@ -350,6 +358,11 @@ class ModelSupervisor:
         finally:
             st.job_done()
         return self.st.finish(outcome, started, inputs_before)
+
+    def _cold(self) -> bool:
+        """No version serves (a failed start, an unload, a give-up): a build starts cold."""
+        serving = self.record.serving
+        return serving is None or not serving.alive or self.record.current is None
 
     async def _build_and_swap(
         self,

@@ -77,6 +77,8 @@ async def swap_in(
             await run("sync", lambda: phases.sync(old, d.sync_s))
         except PhaseFailed as exc:
             gone = "died" if not old.alive else "wedged" if isinstance(exc, Wedged) else "failed"
+            if gone == "wedged":
+                st.blame_hung(old)  # retire kills it: the request that hung is the one told
             why = {"model": st.name, "phase": exc.phase, "detail": f"{exc}; old worker abandoned"}
             st.events.emit(
                 event_kinds.Wedged(**why) if gone == "wedged" else event_kinds.WorkerLost(**why)
