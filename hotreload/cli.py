@@ -43,17 +43,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hotreload {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("init", help="write a commented starter hotreload.toml")
+    p = sub.add_parser(
+        "init",
+        help="write a commented starter hotreload.toml",
+        description="Write a starter hotreload.toml, every key commented, for one model "
+        "(entry, example, weights, device). Typical use: `hotreload init` in your project "
+        "folder, edit the entry and example, then `hotreload check`.",
+    )
     p.add_argument("path", nargs="?", default="hotreload.toml", help="where to write it")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=_cmd_init)
 
-    p = sub.add_parser("serve", help="serve the configured models until SIGINT/SIGTERM")
+    p = sub.add_parser(
+        "serve",
+        help="serve the configured models until SIGINT/SIGTERM",
+        description="Serve the config's models on the session's socket (and HTTP with "
+        "--http) without watching files: it reloads only when asked (`hotreload reload`). "
+        "Ctrl-C or SIGTERM drains the requests and stops. Typical use: "
+        "`hotreload serve --http :8000` on a server.",
+    )
     _add_config_arg(p)
     _add_http_args(p)
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("watch", help="serve the models and reload them when their files change")
+    p = sub.add_parser(
+        "watch",
+        help="serve the models and reload them when their files change",
+        description="Serve the config's models and reload a model each time its code or "
+        "weights change on disk, with the live dashboard (--no-tui: one line per event). "
+        "A reload that fails leaves the old version serving. Typical use: `hotreload watch` "
+        "while you edit model.py.",
+    )
     _add_config_arg(p)
     p.add_argument(
         "--no-tui", action="store_true", help="print one line per event instead of the dashboard"
@@ -66,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="open the dashboard on a `hotreload watch --no-tui` session running elsewhere",
         description="Attach the live dashboard to a running `hotreload watch` session (for "
         "example one started with --no-tui in another terminal). q detaches; the session "
-        "keeps serving.",
+        "keeps serving. Typical use: `hotreload watch --no-tui` in one terminal, "
+        "`hotreload dashboard` in another.",
     )
     _add_config_arg(p)
     p.add_argument(
@@ -79,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "check",
         help="pre-commit smoke check: load, warm, infer, reload; fail on errors, leaks, Xids",
-        description="Exit codes: 0 all passed; 1 a check failed; 2 the config or the command "
-        "line is wrong; 3 the environment cannot run the check.",
+        description="Load and warm each model, answer a request shaped like its example, "
+        "reload it N times and watch memory and Xids; say what failed and where to look. "
+        "Typical use: `hotreload check` before a commit, or as a pre-commit hook. Exit "
+        "codes: 0 all passed; 1 a check failed; 2 the config or the command line is wrong; "
+        "3 the environment cannot run the check.",
     )
     _add_config_arg(p)
     p.add_argument("--model", metavar="NAME", help="check only this model")
@@ -93,13 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser("status", help="show the models of a running session")
+    p = sub.add_parser(
+        "status",
+        help="show the models of a running session",
+        description="Ask the running session (watch or serve) for each model's state, "
+        "version, device, memory and latency. Typical use: `hotreload status` from another "
+        "terminal, or `hotreload status mlp --json` in a script.",
+    )
     p.add_argument("model", nargs="?", help="show only this model (default: every model)")
     _add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=_cmd_status)
 
-    p = sub.add_parser("reload", help="ask the running session to reload a model and wait")
+    p = sub.add_parser(
+        "reload",
+        help="ask the running session to reload a model and wait",
+        description="Ask the running session to reload a model (default: every model), wait "
+        "and print the outcome; exit 0 when it served, 1 when it failed (the old version "
+        "keeps serving), 3 when no session runs. Typical use: an editor key binding running "
+        "`hotreload reload mlp`.",
+    )
     p.add_argument("model", nargs="?", help="model name (default: every model)")
     _add_config_arg(p)
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
@@ -111,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
         help="draw the session's reloads, latency, queue, memory and Xids as one HTML page",
-        description="Reads .hotreload/events.jsonl and stats.jsonl (written by watch and "
-        "serve) and writes one self-contained HTML page.",
+        description="Read .hotreload/events.jsonl and stats.jsonl (written by watch and "
+        "serve) and write one self-contained HTML page, a section per session. Typical use: "
+        "`hotreload report` after a session, then open .hotreload/report.html.",
     )
     _add_config_arg(p)
     p.add_argument(
@@ -129,7 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         "OUT_DIR`.",
     )
     targets = p.add_subparsers(dest="target", metavar="TARGET", required=True)
-    t = targets.add_parser("triton", help="a Triton model repository (python backend)")
+    t = targets.add_parser(
+        "triton",
+        help="a Triton model repository (python backend)",
+        description="Write OUT_DIR/<model>/config.pbtxt and 1/model.py (python backend) with "
+        "the code and weights copied in. Typical use: `hotreload export triton models/`, then "
+        "`tritonserver --model-repository models/`.",
+    )
     t.add_argument("out_dir", metavar="OUT_DIR", help="the model repository folder to write")
     _add_config_arg(t)
     t.add_argument("--model", metavar="NAME", help="export only this model")
@@ -139,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Ray Serve config (serve_config.yaml) for `serve run` / `serve deploy`",
         description="Write OUT_DIR/serve_config.yaml and the applications' working_dir zip "
         "(code, weights, replica). With --model NAME --weights FILE: name new weights in "
-        "NAME's user_config, applied by `serve deploy` without restarting a replica.",
+        "NAME's user_config, applied by `serve deploy` without restarting a replica. "
+        "Typical use: `hotreload export ray out`, then `serve deploy out/serve_config.yaml`.",
     )
     r.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write")
     _add_config_arg(r)

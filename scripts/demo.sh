@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the bundled example: set up .venv if needed, then serve a copy of
+# The main job on the bundled example: set up .venv if needed (the demo's set only,
+# requirements-demo.txt; ./scripts/test.sh adds the rest), then serve a copy of
 # examples/mlp and reload it on every save. The copy lives in demo/mlp (git ignores demo/),
 # so the demo never changes a file the repository tracks.
 #
@@ -14,7 +15,7 @@ args=()
 for arg in "$@"; do
   if [ "$arg" = --fresh ]; then fresh=1; else args+=("$arg"); fi
 done
-scripts/bootstrap.sh
+scripts/bootstrap.sh demo
 if [ "$fresh" = 1 ] || [ ! -f "$work/hotreload.toml" ]; then
   rm -rf "$work"
   mkdir -p "$(dirname "$work")"

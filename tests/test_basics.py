@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import shutil
@@ -31,6 +32,30 @@ def test_version_flag() -> None:
         cwd=REPO,
     )
     assert res.returncode == 0 and res.stdout.strip() == f"hotreload {__version__}"
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "") -> list[tuple[str, str]]:
+    """(`export triton`, its --help text) for every subcommand, nested ones too."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.append((f"{path}{name}", sub.format_help()))
+                found += _commands(sub, f"{path}{name} ")
+    return found
+
+
+def test_every_command_help_says_what_it_does_and_shows_a_typical_use() -> None:
+    commands = dict(_commands(build_parser()))
+    assert {"init", "serve", "watch", "status", "reload", "doctor", "export triton"} <= set(
+        commands
+    )
+    for name, text in commands.items():
+        _, _, rest = text.partition("\n\n")
+        description = " ".join(rest.split("\n\n")[0].split())
+        # The paragraph between the usage and the arguments, ending in an example.
+        assert not description.startswith(("options:", "positional arguments:")), name
+        assert f"hotreload {name}" in description, f"`hotreload {name} --help`: {description!r}"
 
 
 # -- colour ------------------------------------------------------------------------------
@@ -143,26 +168,99 @@ def test_readme_installs_cpu_torch_before_hotreload() -> None:
     assert cpu < readme.index("pip install /path/to/hotreload", cpu)
 
 
-def test_first_set_up_says_what_it_installs_and_why_it_takes_a_while(tmp_path: Path) -> None:
-    """scripts/bootstrap.sh (run by demo.sh and test.sh) with a stand-in interpreter, so
-    nothing is installed: the first run announces itself, a second one is silent."""
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(REPO / "scripts" / "bootstrap.sh", tmp_path / "scripts" / "bootstrap.sh")
-    for name in ("requirements-ci.txt", "pyproject.toml"):
-        shutil.copy(REPO / name, tmp_path / name)
-    bin_dir = tmp_path / ".venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "python").write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n')
-    (bin_dir / "python").chmod(0o755)
+class _Bootstrap:
+    """scripts/bootstrap.sh (run by demo.sh and test.sh) in a copy of the repository's set-up
+    files, with a stand-in interpreter that records its arguments: nothing is installed."""
 
-    def bootstrap() -> subprocess.CompletedProcess[str]:
-        script = tmp_path / "scripts" / "bootstrap.sh"
-        return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    def __init__(self, root: Path) -> None:
+        (root / "scripts").mkdir(parents=True)
+        shutil.copy(REPO / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
+        for name in ("requirements-demo.txt", "requirements-ci.txt", "pyproject.toml"):
+            shutil.copy(REPO / name, root / name)
+        self.root = root
+        self.calls = root / ".venv" / "bin" / "calls"
+        python = self.calls.with_name("python")
+        python.parent.mkdir(parents=True)
+        python.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n')
+        python.chmod(0o755)
 
-    first = bootstrap()
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Runs it; the pip installs it made are in `installs` afterwards."""
+        before = self.installs()
+        script = self.root / "scripts" / "bootstrap.sh"
+        res = subprocess.run(
+            ["bash", str(script), *args], capture_output=True, text=True, timeout=60
+        )
+        self.made = self.installs()[len(before) :]
+        return res
+
+    def installs(self) -> list[str]:
+        text = self.calls.read_text() if self.calls.exists() else ""
+        return [line for line in text.splitlines() if "pip install" in line]
+
+
+def test_the_demo_installs_its_own_set_and_says_so(tmp_path: Path) -> None:
+    """The demo installs what it runs (requirements-demo.txt), not the tests' set, announces
+    the wait first, and a second run installs nothing and says nothing."""
+    bootstrap = _Bootstrap(tmp_path)
+    first = bootstrap("demo")
     assert first.returncode == 0, first.stderr
-    assert "installing the pinned dependencies" in first.stderr
+    assert "installing the pinned dependencies of requirements-demo.txt" in first.stderr
     assert "takes about a minute" in first.stderr and "torch" in first.stderr
-    assert "pip install" in (bin_dir / "calls").read_text()
-    second = bootstrap()
-    assert second.returncode == 0 and second.stderr == ""
+    assert any("-r requirements-demo.txt" in c for c in bootstrap.made), bootstrap.made
+    assert not any("requirements-ci.txt" in c for c in bootstrap.made), bootstrap.made
+    again = bootstrap("demo")
+    assert again.returncode == 0 and again.stderr == "" and bootstrap.made == []
+
+
+def test_the_tests_add_to_the_demos_set_and_the_demo_reuses_theirs(tmp_path: Path) -> None:
+    """Demo then tests: the tests install the rest; tests first: the demo installs nothing."""
+    demo_first = _Bootstrap(tmp_path / "a")
+    demo_first("demo")
+    tests = demo_first()
+    assert tests.returncode == 0, tests.stderr
+    assert "adding to the demo's set" in tests.stderr
+    assert any("-r requirements-ci.txt" in c for c in demo_first.made), demo_first.made
+    for args in ((), ("demo",)):
+        again = demo_first(*args)
+        assert again.returncode == 0 and again.stderr == "" and demo_first.made == []
+
+    tests_first = _Bootstrap(tmp_path / "b")
+    assert tests_first("--check", "demo").returncode == 1  # nothing set up yet
+    tests = tests_first()
+    assert "installing the pinned dependencies of requirements-ci.txt" in tests.stderr
+    demo = tests_first("demo")
+    assert demo.returncode == 0 and demo.stderr == "" and tests_first.made == []
+
+
+def test_the_demo_set_pins_exactly_what_the_package_depends_on() -> None:
+    """demo.sh installs requirements-demo.txt, then the package with --no-deps: a dependency
+    added to pyproject.toml but not pinned there would be missing from the demo's .venv."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {
+        Requirement(d).name.lower()
+        for d in deps
+        if Requirement(d).marker is None or Requirement(d).marker.evaluate()
+    }
+    lines = (REPO / "requirements-demo.txt").read_text().splitlines()
+    pins = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    assert all(str(p.specifier).startswith("==") for p in pins), pins
+    assert {p.name.lower() for p in pins} == wanted
+    ci = (REPO / "requirements-ci.txt").read_text()
+    assert "-r requirements-demo.txt" in ci.splitlines()  # one place for each pin
+    assert not any(f"\n{p.name}==" in ci for p in pins), "pin it in requirements-demo.txt only"
+
+
+def test_a_changed_pin_installs_again_and_a_wrong_argument_is_named(tmp_path: Path) -> None:
+    bootstrap = _Bootstrap(tmp_path)
+    bootstrap()
+    with (tmp_path / "requirements-demo.txt").open("a") as f:
+        f.write("# a pin moved\n")
+    assert bootstrap("demo").returncode == 0 and bootstrap.made, "a stale stamp was trusted"
+    wrong = bootstrap("tests")
+    assert wrong.returncode == 2
+    assert "unknown argument 'tests' (expected demo, ci or --check)" in wrong.stderr

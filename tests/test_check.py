@@ -92,6 +92,22 @@ def test_a_misspelt_factory_name_gets_a_suggestion_and_no_traceback_hint(
     assert "look at: the factory, the import of your code or the weights failed" in out.stdout
 
 
+def test_an_example_returning_a_numpy_array_points_at_the_example(tmp_path: Path) -> None:
+    config = make_project(tmp_path)
+    model = config.parent / "model.py"
+    model.write_text(
+        model.read_text() + "\n\ndef example_input():\n    import numpy as np\n\n"
+        "    return np.zeros((1, IN_FEATURES), np.float32)\n"
+    )
+    out = run_check(config, "--reloads", "0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    # The error names the callable and the fix; the hint points there, not at the factory.
+    assert "model.py:example_input: the example callable must return a tensor" in out.stdout
+    assert "it returned numpy ndarray (return torch.from_numpy(...) instead)" in out.stdout
+    assert "look at: the example callable model.py:example_input failed" in out.stdout
+    assert "the factory, the import of your code or the weights" not in out.stdout
+
+
 def test_a_pickled_module_in_a_pt_file_says_to_save_the_state_dict(tmp_path: Path) -> None:
     config = make_project(tmp_path)
     make = "import torch, model; torch.save(model.build(), 'weights.pt')"

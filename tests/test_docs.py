@@ -77,13 +77,8 @@ def test_readme_minimal_model_passes_check(tmp_path: Path) -> None:
 def _bootstrapped() -> bool:
     """demo.sh runs bootstrap.sh first; only where it has nothing to install (as after
     scripts/test.sh) may a test run it, or it would spend a minute in pip."""
-    import hashlib
-
-    want = hashlib.sha256(
-        (REPO / "requirements-ci.txt").read_bytes() + (REPO / "pyproject.toml").read_bytes()
-    ).hexdigest()
-    stamp = REPO / ".venv" / ".hotreload-deps"
-    return stamp.is_file() and stamp.read_text().strip() == want
+    check = [str(REPO / "scripts" / "bootstrap.sh"), "--check", "demo"]
+    return subprocess.run(check, capture_output=True, timeout=60).returncode == 0
 
 
 class _Demo(ServeProcess):
@@ -158,3 +153,44 @@ def test_getting_started_commands_run_against_the_demo(tmp_path: Path) -> None:
     # New weights went to the copy; nothing under examples/ changed.
     assert _digests(REPO / "examples") == before
     assert _digests(tmp_path / "mlp")["weights.safetensors"] != before["mlp/weights.safetensors"]
+
+
+def test_docs_pages_send_readers_to_pages_not_to_the_readme() -> None:
+    """The site is built from docs/ alone: a page that points at "the README" for something
+    sends its reader off the site, often to a section that has moved (or never was)."""
+    for page in sorted(DOCS.glob("*.md")):
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            assert "README" not in line, (
+                f"docs/{page.name}:{n} points to the README; link the docs page instead: {line}"
+            )
+
+
+def test_the_built_site_reads_from_disk(tmp_path: Path) -> None:
+    """`mkdocs build` into a folder, then every relative link and picture of every page
+    leads to a file there: opened from disk (file://), a link to `page/` showed a directory
+    listing. The pictures are SVG a browser can parse."""
+    pytest.importorskip("mkdocs", reason="the docs tools come with requirements-ci.txt")
+    from xml.dom import minidom
+
+    site = tmp_path / "site"
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet"]
+    out = subprocess.run(
+        [*build, "-f", str(REPO / "mkdocs.yml"), "-d", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    checked = 0
+    for page in site.rglob("*.html"):
+        if page.name == "404.html":  # served from any path: its links are absolute
+            continue
+        for url in re.findall(r'\s(?:href|src)="([^"#:]+)(?:#[^"]*)?"', page.read_text()):
+            target = (page.parent / url).resolve()
+            where = f"{page.relative_to(site)} links to {url}"
+            assert target.is_file(), f"{where}: {'a folder' if target.is_dir() else 'nothing'}"
+            if target.suffix == ".svg":
+                minidom.parse(str(target))
+            checked += 1
+    assert checked > 100  # the pages, their assets and the pictures were all seen

@@ -404,3 +404,37 @@ def test_the_printer_colours_the_first_line_and_dims_a_traceback() -> None:
     plain = io.StringIO()
     PlainPrinter(plain, timestamps=False, colour=False)({"kind": "state", "model": "mlp"})
     assert plain.getvalue() == ""
+
+
+def test_a_multi_line_error_prints_once_in_a_failed_reload() -> None:
+    """`watch --no-tui` after an edit that no longer fits the weights: the size-mismatch
+    error (a line per tensor) reads once, on the reload's FAILED line."""
+    error = (
+        "weights do not match the model: Error(s) in loading state_dict for MLP:\n"
+        "\tsize mismatch for inp.weight: copying a param with shape torch.Size([512, 64]) "
+        "from checkpoint, the shape in current model is torch.Size([256, 64]).\n"
+        "\tsize mismatch for inp.bias: copying a param with shape torch.Size([512]) from "
+        "checkpoint, the shape in current model is torch.Size([256]).; check that the "
+        "weights file was saved from this model's code"
+    )
+    out = io.StringIO()
+    printer = PlainPrinter(out, timestamps=False, colour=False)
+    printer(
+        {"kind": "phase_end", "model": "mlp", "phase": "load", "duration_s": 0.027,
+         "ok": False, "detail": error}
+    )  # fmt: skip
+    printer(
+        {"kind": "reload_failed", "model": "mlp", "version": 1, "phase": "load",
+         "error": error, "trigger": "file"}
+    )  # fmt: skip
+    text = out.getvalue()
+    assert text.count("size mismatch for inp.weight") == 1
+    assert text.count("check that the weights file was saved") == 1
+    phase_line, failed = text.split("\n", 1)
+    # The phase's line still says what failed, in one line.
+    assert phase_line == (
+        "mlp:   load        27.0 ms  FAILED - weights do not match the model: Error(s) in "
+        "loading state_dict for MLP: …"
+    )
+    assert failed.startswith("mlp: reload FAILED in load: weights do not match the model")
+    assert failed.rstrip().endswith("- v1 keeps serving")

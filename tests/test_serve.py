@@ -208,6 +208,13 @@ def test_wrong_dtype_shape_and_model_are_bad_requests(project: Path, serve) -> N
     client = Client(config=project)
     with pytest.raises(BadRequestError, match="expected dtype float32, got int64"):
         client.infer("mlp", np.zeros((1, 64), np.int64))
+    # numpy's default float64, the usual slip: the answer says how to convert it.
+    with pytest.raises(BadRequestError) as info:
+        client.infer("mlp", np.zeros((1, 64)))
+    assert str(info.value).endswith(
+        "input: expected dtype float32, got float64; convert it with .astype(np.float32) "
+        "before sending (a torch tensor: .to(torch.float32))"
+    )
     with pytest.raises(
         BadRequestError, match=r"expected shape \[N, 64\] \(dimension 0 may vary\), got \[1, 32\]"
     ):

@@ -168,7 +168,7 @@ class ModelCheck:
                     self.report.environment_error = str(exc)
                 raise CheckFailed(
                     f"{exc.phase} failed: {exc}",
-                    _hint_for(exc.phase, exc.remote_traceback),
+                    _hint_for(exc.phase, exc.remote_traceback, str(exc), self.model),
                     exc.remote_traceback,
                 ) from None
             info = host.view
@@ -233,7 +233,9 @@ class ModelCheck:
                 if not outcome.ok:
                     raise CheckFailed(
                         f"reload failed in {outcome.phase}: {outcome.error}",
-                        _hint_for(outcome.phase, outcome.traceback),
+                        _hint_for(
+                            outcome.phase, outcome.traceback, outcome.error or "", self.model
+                        ),
                         outcome.traceback,
                     )
                 _, now = _memory_figure(await self._settled_status(host))
@@ -357,11 +359,28 @@ def _see_traceback(traceback: str | None) -> str:
     return ": see the traceback below" if traceback else ""
 
 
-def _hint_for(phase: str | None, traceback: str | None) -> str:
+def _load_step(model: ModelConfig, error: str, traceback: str | None) -> str:
+    """ "example" when a load failed in the model's example callable (the worker's error
+    names it, or the traceback runs through it), else "load": the import of the code, the
+    factory or the weights, which run before it."""
+    example = model.example
+    frame = f", in {example.attr.rsplit('.', 1)[-1]}\n"
+    if example.spec in error or (example.attr and frame in (traceback or "")):
+        return "example"
+    return "load"
+
+
+def _hint_for(
+    phase: str | None, traceback: str | None, error: str = "", model: ModelConfig | None = None
+) -> str:
+    if phase == "load" and model is not None:
+        phase = _load_step(model, error, traceback)
     hint = {
         "start": "the worker process could not start: check that torch imports in this "
         "environment and that the configured device exists (`hotreload doctor`)",
         "load": "the factory, the import of your code or the weights failed",
+        "example": f"the example callable {model.example.spec if model else ''} failed: it "
+        "must run and return a torch tensor, a str or list of str, or a tuple/list/dict of them",
         "warm": "the example input failed in forward()",
         "smoke": "the example's output is non-finite or changed shape/dtype",
         "drain": "a forward never returned: look for a deadlock or an infinite loop",
@@ -369,7 +388,7 @@ def _hint_for(phase: str | None, traceback: str | None) -> str:
     }.get(phase or "")
     if hint is None:
         return "see the error above"
-    return hint + (_see_traceback(traceback) if phase in ("load", "warm") else "")
+    return hint + (_see_traceback(traceback) if phase in ("load", "example", "warm") else "")
 
 
 async def _check(

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "xid",
         help="show NVIDIA Xid errors from a saved log, stdin, or the live kernel log",
         description="Print each Xid event with time, bus id, device, code, name, severity, "
-        "process and recommended action. Without --from, reads the current kernel log.",
+        "process and recommended action. Without --from, reads the current kernel log. "
+        "Typical use: `hotreload xid --follow` while a job runs.",
     )
     p.add_argument("--from", dest="source", metavar="FILE|-", help="read a saved log ('-': stdin)")
     p.add_argument(
@@ -33,7 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.set_defaults(func=cmd_xid)
 
-    p = sub.add_parser("doctor", help="check the GPU, driver, torch and file-watch setup")
+    p = sub.add_parser(
+        "doctor",
+        help="check the GPU, driver, torch and file-watch setup",
+        description="Check what serving on this machine needs: NVML, torch and the GPUs it "
+        "sees, cuda-python, the Xid sources, recent Xids, GPU reset, torch threads and the "
+        "inotify limit for the watched tree. Typical use: `hotreload doctor` when a model "
+        "will not start on the GPU or edits do not reload.",
+    )
     p.add_argument(
         "--config",
         metavar="PATH",

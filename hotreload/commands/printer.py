@@ -67,7 +67,10 @@ def _standby_ready(e: dict[str, Any]) -> str:
 
 
 def _phase_end(e: dict[str, Any]) -> str:
-    extra = f" - {e['detail']}" if e.get("detail") else ""
+    # Its first line only: a failure's detail is the error the reload's FAILED line prints
+    # whole next (a size mismatch runs to a line per tensor, and read twice over).
+    first, _, more = str(e.get("detail") or "").partition("\n")
+    extra = f" - {first}{' …' if more.strip() else ''}" if first else ""
     status = "ok" if e.get("ok", True) else "FAILED"
     if e.get("skipped"):
         status = "skipped"

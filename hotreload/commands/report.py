@@ -9,23 +9,23 @@ offline, and can be attached to a bug report.
 from __future__ import annotations
 
 import html
-import json
+import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, SessionStarted, Xid
-from hotreload.engine.events import typed
-from hotreload.engine.stats_log import STATS_FILE
+from hotreload.commands.report_log import Log, Reload, read_log
 from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, error_exit
 from hotreload.paths import write_private_file
 
-#: Colours the page draws with (the Chromium test looks for some of them in the picture).
+#: Colours the page draws with (the Chromium test looks for some of them in the picture);
+#: the phases in the order a reload runs them, as the legend lists them.
 PHASE_COLOURS = {
+    "checkpoint": "#e17055",
+    "lock": "#343a40",
     "spawn": "#8e44ad",
     "load": "#2e86de",
     "warm": "#10ac84",
@@ -36,8 +36,10 @@ PHASE_COLOURS = {
     "swap": "#ee5253",
     "resume": "#8395a7",
     "release": "#c8d6e5",
+    "digest": "#e84393",
 }
-OTHER_PHASE = "#999999"
+OTHER_PHASE = "#999999"  # a phase this page has no colour for: the legend names it
+TRACK = "#adb5bd"  # the line under a reload's bars: its whole time, gaps included
 RELOAD_WINDOW = "#ffd8a8"  # shaded behind latency and queue charts
 FAILED_WINDOW = "#ffc9c9"
 XID_MARK = "#e03131"
@@ -47,112 +49,6 @@ QUEUE_LINE = "#2f9e44"
 MEMORY_DOT = "#7048e8"
 
 WIDTH = 1000  # SVG user units: charts scale to the page width
-
-
-@dataclass
-class Reload:
-    model: str
-    ok: bool
-    version: int
-    started: float
-    total_s: float
-    trigger: str
-    error: str | None
-    #: (phase, start offset s, duration s, ok) in the order the phases ran.
-    phases: list[tuple[str, float, float, bool]] = field(default_factory=list)
-
-
-@dataclass
-class Log:
-    reloads: list[Reload]
-    stats: list[dict[str, Any]]
-    memory: list[dict[str, Any]]
-    xids: list[dict[str, Any]]
-    start: float
-    end: float
-    #: The session's pid (from its `session_started`), None for lines from before one.
-    pid: int | None = None
-    #: One Log per session the files hold (each `session_started` opens one), oldest first;
-    #: empty on a Log that is itself one session.
-    sessions: list[Log] = field(default_factory=list)
-
-    def window(self, start: float, end: float, pid: int | None, times: Sequence[float] = ()) -> Log:
-        """What happened in [start, end): one session of the files, on its own times.
-        `times`: every line's time, so a session's axis ends at its last line of any kind."""
-
-        def inside(ts: float) -> bool:
-            return start <= ts < end
-
-        stats = [s for s in self.stats if inside(float(s["ts"]))]
-        memory = [m for m in self.memory if inside(float(m["ts"]))]
-        xids = [x for x in self.xids if inside(float(x["ts"]))]
-        reloads = [r for r in self.reloads if inside(r.started + r.total_s)]
-        seen = [start] + [t for t in times if inside(t)]
-        seen += [float(x["ts"]) for x in (*stats, *memory, *xids)]
-        last = min(max(seen + [r.started + r.total_s for r in reloads]), end)
-        return Log(reloads, stats, memory, xids, start, max(last, start), pid=pid)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash or a full disk
-        if isinstance(row, dict) and isinstance(row.get("ts"), (int, float)):
-            rows.append(row)
-    return rows
-
-
-def read_log(state_dir: Path) -> Log:
-    events = _read_jsonl(state_dir / "events.jsonl")
-    samples = _read_jsonl(state_dir / STATS_FILE)
-    # The events as their classes (engine/event_kinds.py), each with its time.
-    seen = [(float(e["ts"]), ev) for e in events if (ev := typed(e)) is not None]
-    phase_ends = [(ts, p) for ts, p in seen if isinstance(p, PhaseEnd)]
-    reloads = []
-    for end, e in seen:
-        if not isinstance(e, (ReloadDone, ReloadFailed)):
-            continue
-        total = float(e.total_s or 0.0)
-        r = Reload(
-            model=e.model,
-            ok=isinstance(e, ReloadDone),
-            version=int(e.version or 0),
-            started=end - total,
-            total_s=total,
-            trigger=e.trigger or "",
-            error=e.error,
-        )
-        for ts, p in phase_ends:
-            dur = float(p.duration_s or 0.0)
-            if p.model == r.model and r.started - 0.01 <= ts - dur and ts <= end + 0.01:
-                offset = max(0.0, ts - dur - r.started)
-                r.phases.append((p.phase, offset, dur, p.ok is not False))
-        reloads.append(r)
-    times = [float(e["ts"]) for e in events] + [float(s["ts"]) for s in samples]
-    log = Log(
-        reloads=reloads,
-        stats=[s for s in samples if s.get("kind") == "stats"],
-        memory=[s for s in samples if s.get("kind") == "memory"],
-        xids=[e for e in events if isinstance(typed(e), Xid)],
-        start=min(times, default=0.0),
-        end=max(times, default=0.0),
-    )
-    # Both files grow across runs of watch and serve: one time axis over all of them would
-    # squash each run into a sliver beside the hours between them. Each session_started
-    # opens a session that lasts until the next one.
-    starts = [(ts, getattr(e, "pid", None)) for ts, e in seen if isinstance(e, SessionStarted)]
-    if starts and log.start < starts[0][0]:
-        starts.insert(0, (log.start, None))  # lines from before the first recorded start
-    bounds = [ts for ts, _ in starts[1:]] + [log.end + 1.0]
-    log.sessions = [
-        log.window(ts, end, pid, times) for (ts, pid), end in zip(starts, bounds, strict=True)
-    ]
-    return log
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -261,40 +157,79 @@ def waterfall_scale(totals: list[float]) -> float:
     return max(usual[-1] if usual else ordered[-1], 1e-3)
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1000:.3g} ms"
+
+
+def _round_ticks(scale: float) -> list[float]:
+    """0 and round times (1, 2 or 5 times a power of ten) up to `scale`, at most 7 of them."""
+    step = 10.0 ** math.floor(math.log10(scale))
+    for mult in (0.1, 0.2, 0.5, 1.0, 2.0, 5.0):
+        if scale / (step * mult) <= 6:
+            step *= mult
+            break
+    return [i * step for i in range(int(scale / step * 1.0001) + 1)]
+
+
 def waterfall(reloads: list[Reload]) -> str:
-    """One row per reload (newest last), each phase a bar where it ran in the reload."""
+    """One row per reload (newest last), each phase a bar where it ran in the reload, on a
+    line for the reload's whole time, over an axis of the time since each reload began."""
     if not reloads:
         return '<p class="none">no reload in this session</p>'
     shown = reloads[-40:]
-    scale = waterfall_scale([r.total_s for r in shown])
+    # A reload that found nothing to build takes a few ms: it sets the scale only alone.
+    built = [r.total_s for r in shown if not r.unchanged]
+    scale = waterfall_scale(built or [r.total_s for r in shown])
     row, left, width = 22, 260, WIDTH - 360  # room on the right for a cut bar's time
+    bottom = len(shown) * row
     out = []
+    for at in _round_ticks(scale):  # the axis first: the bars draw over its grid
+        x = left + at / scale * width
+        out.append(
+            f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{bottom}" class="grid"/>'
+            f'<text x="{x:.1f}" y="{bottom + 14}" class="tick" text-anchor="middle">'
+            f"{_duration(at) if at else '0'}</text>"
+        )
+    drawn: dict[str, str] = {}
     for i, r in enumerate(shown):
         y = i * row
-        status = f"v{r.version} ok" if r.ok else "FAILED"
+        status = "unchanged" if r.unchanged else f"v{r.version} ok" if r.ok else "FAILED"
         out.append(
             f'<text x="0" y="{y + 15}" class="label">{_hms(r.started)} {_esc(r.model)} '
             f"{status} {r.total_s * 1000:.0f} ms</text>"
+        )
+        end = left + min(r.total_s, scale) / scale * width
+        out.append(
+            f'<line x1="{left}" y1="{y + row / 2}" x2="{end:.1f}" y2="{y + row / 2}" '
+            f'stroke="{TRACK}" stroke-width="2"><title>the whole reload, '
+            f"{r.total_s * 1000:.1f} ms</title></line>"
         )
         for phase, offset, dur, ok in r.phases:
             if offset >= scale:
                 continue
             x = left + offset / scale * width
             w = max(min(dur, scale - offset) / scale * width, 1.5)
-            colour = PHASE_COLOURS.get(phase, OTHER_PHASE)
+            colour = drawn.setdefault(phase, PHASE_COLOURS.get(phase, OTHER_PHASE))
             edge = f' stroke="{XID_MARK}" stroke-width="3"' if not ok else ""
             out.append(
                 f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
-                f'fill="{colour}"{edge}><title>{_esc(phase)} {dur * 1000:.1f} ms</title></rect>'
+                f'fill="{colour}"{edge}><title>{_esc(phase)} {dur * 1000:.1f} ms, from '
+                f"{offset * 1000:.1f} ms</title></rect>"
             )
         if r.total_s > scale * 1.001:
             out.append(
                 f'<text x="{left + width + 4}" y="{y + 15}" class="cut">'
                 f"&#8811; {r.total_s:.1f} s</text>"
             )
+    # The phases drawn, in the order they run (an unknown one last, named all the same).
+    order = [p for p in PHASE_COLOURS if p in drawn] + [p for p in drawn if p not in PHASE_COLOURS]
     legend = " ".join(
-        f'<span class="key" style="background:{c}"></span>{p}' for p, c in PHASE_COLOURS.items()
+        f'<span class="key" style="background:{drawn[p]}"></span>{_esc(p)}' for p in order
     )
+    if any(not ok for r in shown for *_, ok in r.phases):
+        legend += (
+            f' <span class="key" style="border:2px solid {XID_MARK}"></span>the phase that failed'
+        )
     cut = sum(r.total_s > scale * 1.001 for r in shown)
     note = (
         f"the width is {scale * 1000:.0f} ms; {cut} longer reload(s) are cut at the edge, "
@@ -303,12 +238,42 @@ def waterfall(reloads: list[Reload]) -> str:
         else f"the longest reload spans the width, {scale * 1000:.0f} ms"
     )
     return (
-        f'<svg viewBox="0 0 {WIDTH} {len(shown) * row + 4}" class="chart">{"".join(out)}</svg>'
-        f'<p class="legend">{legend} (bars to scale: {note})</p>'
+        f'<svg viewBox="0 0 {WIDTH} {bottom + 20}" class="chart">{"".join(out)}</svg>'
+        f'<p class="legend">{legend} <span class="track"></span>the whole reload: a gap '
+        "is time outside any phase (the snapshot of the code, choosing a policy)</p>"
+        f'<p class="legend">Bars to scale: {note}; the axis is the time since the reload '
+        "began.</p>"
     )
 
 
-def memory_chart(memory: list[dict[str, Any]]) -> str:
+def _memory_labels(memory: list[dict[str, Any]], reloads: Sequence[Reload]) -> list[str]:
+    """A point's label: its version (and model, with several), and why a version has a
+    second reading: a reload that found nothing to build, else a restart of its worker
+    (each reading follows a reload or a start; a reload has one)."""
+    several = len({m.get("model") for m in memory}) > 1
+    seen: set[tuple[Any, Any]] = set()
+    read_after: set[int] = set()  # the reloads a reading followed
+    labels = []
+    for m in memory:
+        key = (m.get("model"), m.get("version"))
+        label = f"{m.get('model')} v{m.get('version')}" if several else f"v{m.get('version')}"
+        ended = [
+            i
+            for i, r in enumerate(reloads)
+            if r.model == key[0] and r.started + r.total_s <= m["ts"]
+        ]
+        follows = ended[-1] if ended and ended[-1] not in read_after else None
+        if key in seen:
+            unchanged = follows is not None and reloads[follows].unchanged
+            label += " (no change)" if unchanged else " (restart)"
+        if follows is not None:
+            read_after.add(follows)
+        seen.add(key)
+        labels.append(label)
+    return labels
+
+
+def memory_chart(memory: list[dict[str, Any]], reloads: Sequence[Reload] = ()) -> str:
     if not memory:
         return '<p class="none">no memory reading (recorded after each reload)</p>'
     figures = [
@@ -316,20 +281,30 @@ def memory_chart(memory: list[dict[str, Any]]) -> str:
     ]
     top = max(v for _, v in figures) or 1.0
     height, step = 160.0, (WIDTH - 80) / max(len(figures), 1)
+    timed = len(figures) <= 12  # room under each point for its time of day
     out = []
-    for i, (m, mib) in enumerate(figures):
+    for i, ((m, mib), label) in enumerate(
+        zip(figures, _memory_labels(memory, reloads), strict=True)
+    ):
         x, y = 60 + (i + 0.5) * step, height - mib / top * (height - 20)
+        when = f'<tspan x="{x:.1f}" dy="13">{_hms(float(m["ts"]))}</tspan>' if timed else ""
         out.append(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="{MEMORY_DOT}">'
-            f"<title>{_esc(m.get('model'))} v{_esc(m.get('version'))}: {mib:.1f} MiB</title>"
-            f'</circle><text x="{x:.1f}" y="{height + 16}" class="tick" text-anchor="middle">'
-            f"v{_esc(m.get('version'))}</text>"
+            f"<title>{_esc(label)} at {_hms(float(m['ts']))}: {mib:.1f} MiB</title></circle>"
+            f'<text x="{x:.1f}" y="{height + 16}" class="tick" text-anchor="middle">'
+            f"{_esc(label)}{when}</text>"
         )
+        if timed:
+            out.append(
+                f'<text x="{x:.1f}" y="{y - 10:.1f}" class="tick" text-anchor="middle">'
+                f"{mib:.{0 if mib >= 10 else 1}f} MiB</text>"
+            )
     kind = "torch allocated" if any(m.get("allocated_bytes") for m in memory) else "worker RSS"
     grown = figures[-1][1] - figures[0][1]
     return (
-        f'<svg viewBox="0 0 {WIDTH} {height + 24}" class="chart">'
-        f'<text x="4" y="14" class="tick">{top:.0f} MiB</text>{"".join(out)}</svg>'
+        f'<svg viewBox="0 0 {WIDTH} {height + (37 if timed else 24)}" class="chart">'
+        f'<text x="4" y="14" class="tick">{top:.0f} MiB</text>'
+        f'<text x="4" y="{height}" class="tick">0</text>{"".join(out)}</svg>'
         f'<p class="legend">{kind} after each version went live ({grown:+.1f} MiB from the '
         "first reading to the last): a climb across reloads is a leak</p>"
     )
@@ -358,6 +333,8 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
 .cut { font-size: 12px; fill: #c92a2a; } .session { border-top: 2px solid #ced4da; }
 .legend, .none { color: #666; font-size: 12px; }
 .key { display: inline-block; width: 10px; height: 10px; margin: 0 3px 0 10px; }
+.track { display: inline-block; width: 16px; height: 2px; margin: 0 3px 3px 10px;
+  background: #adb5bd; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px; border-bottom: 1px solid #ddd; }
 """
 
@@ -382,23 +359,23 @@ def _session_name(log: Log, number: int) -> str:
 def session_html(log: Log, heading: str = "", anchor: str = "") -> str:
     """One session's charts, on its own time axis."""
     axis = TimeAxis(log.start, log.end)
-    latency = time_chart(
-        log, axis, [("p99_ms", P99_LINE, "p99"), ("p50_ms", P50_LINE, "p50")], "ms"
+    # Without figures a chart would be empty axes (and a made-up 1.0 scale): say so instead.
+    latency = queue = (
+        '<p class="none">no request figures (stats.jsonl): send requests while it runs</p>'
     )
-    queue = time_chart(log, axis, [("queue_depth", QUEUE_LINE, "queued")], "requests")
-    no_stats = (
-        ""
-        if log.stats
-        else '<p class="none">no request figures (stats.jsonl): send requests while it runs</p>'
-    )
+    if log.stats:
+        latency = time_chart(
+            log, axis, [("p99_ms", P99_LINE, "p99"), ("p50_ms", P50_LINE, "p50")], "ms"
+        )
+        queue = time_chart(log, axis, [("queue_depth", QUEUE_LINE, "queued")], "requests")
     span = f"{_when(log.start)} to {_hms(log.end)} ({log.end - log.start:.0f} s)"
     top = f'<h2 id="{anchor}" class="session">{_esc(heading)}</h2>' if heading else ""
     level = "h3" if heading else "h2"
     return f"""{top}<p>{_esc(span)}: {_esc(_counts(log))}.</p>
 <{level}>Reload phases</{level}>{waterfall(log.reloads)}
-<{level}>Request latency (per second)</{level}>{no_stats}{latency}
+<{level}>Request latency (per second)</{level}>{latency}
 <{level}>Queue depth</{level}>{queue}
-<{level}>Memory after each reload</{level}>{memory_chart(log.memory)}
+<{level}>Memory after each reload</{level}>{memory_chart(log.memory, log.reloads)}
 <{level}>Xid events</{level}>{xid_table(log.xids)}
 """
 

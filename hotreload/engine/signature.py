@@ -114,6 +114,16 @@ def _names_problem(got: list[str], want: list[str]) -> str:
     return "; ".join(parts)
 
 
+def _convert(expected: Mapping[str, Any]) -> str:
+    """How to send the dtype the model takes (numpy has no bfloat16: torch's way only)."""
+    want = expected["dtype"]
+    torch_way = f".to(torch.{want})"
+    if want == BF16:
+        return f"; convert it with {torch_way} before sending"
+    numpy = "bool_" if want == "bool" else want  # np.bool is numpy 2 only
+    return f"; convert it with .astype(np.{numpy}) before sending (a torch tensor: {torch_way})"
+
+
 def check_inputs(
     form: str | None,
     metas: list[dict[str, Any]],
@@ -138,7 +148,7 @@ def check_inputs(
         if meta["dtype"] != exp["dtype"]:
             if exp["dtype"] == "bytes":
                 return f"{label}: expected strings (BYTES), got dtype {meta['dtype']}"
-            return f"{label}: expected dtype {exp['dtype']}, got {meta['dtype']}"
+            return f"{label}: expected dtype {exp['dtype']}, got {meta['dtype']}{_convert(exp)}"
         problem = shape_problem(label, meta["shape"], dims_of(exp), exp["dtype"] == "bytes")
         if problem:
             return problem

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -48,7 +49,7 @@ from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
 from hotreload.tui import render
 from hotreload.tui.dialogs import HelpScreen, ResetDialog
-from hotreload.tui.fit import RELOAD_COLUMNS, fit_reload_rows
+from hotreload.tui.fit import MODEL_COLUMNS, RELOAD_COLUMNS, fit_model_rows, fit_reload_rows
 from hotreload.tui.loadgen import LoadGenerator
 from hotreload.tui.messages import ActionDone, EngineEvent, Sampled, SessionStarted
 from hotreload.tui.source import DashboardSource, reset_target
@@ -64,6 +65,8 @@ STARTING = "starting: spawning workers, loading and warming up"
 START_FAILED = "start failed: fix the file and save"
 #: Time between samples while nothing moves (no request, no reload, no state change).
 IDLE_REFRESH_S = 1.0
+#: What `q` leaves on the terminal of an attached dashboard (`hotreload dashboard`).
+DETACHED = "detached; the session keeps serving (Ctrl-C where `hotreload watch` runs stops it)"
 
 
 class DashboardApp(App[int]):
@@ -121,11 +124,7 @@ class DashboardApp(App[int]):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
-        yield RowsTable(
-            "Models",
-            ("Model", "Ver", "State", "Policy/strategy", "Device", "Last reload"),
-            id="models",
-        )
+        yield RowsTable("Models", MODEL_COLUMNS, id="models")
         with Horizontal(id="metrics"):
             yield Panel("Queue", id="queue")
             yield Panel("Latency", id="latency")
@@ -153,8 +152,11 @@ class DashboardApp(App[int]):
         self.set_interval(1.0, self._tick)
 
     def on_resize(self, event: events.Resize) -> None:
-        # After the layout, when the reloads table has its new width to fit the rows to.
-        self.call_after_refresh(self._render_reloads)
+        # After the layout, when the tables and panels have their new sizes to fit to.
+        self.call_after_refresh(self._render_all)
+
+    def on_panel_resized(self, message: Panel.Resized) -> None:
+        self._render_panels()
 
     def _tick(self) -> None:
         """Once a second: the clock, and the elapsed time of whatever is still running (a
@@ -165,8 +167,7 @@ class DashboardApp(App[int]):
             m.get("state") in render.TRANSIENT_STATES for m in (sample.models if sample else ())
         )
         if running:
-            hms, now = self.source.clock.hms, self.source.clock.now()
-            self.query_one("#models", RowsTable).view = render.model_rows(self.state, hms, now)
+            self._render_models()
             self._render_reloads()
 
     async def wait_for_first_sample(self, timeout: float = 30.0) -> None:
@@ -303,17 +304,22 @@ class DashboardApp(App[int]):
     # ------------------------------------------------------------------ rendering
 
     def _render_all(self) -> None:
-        hms = self.source.clock.hms
-        now = self.source.clock.now()
-        self.query_one("#models", RowsTable).view = render.model_rows(self.state, hms, now)
+        self._render_models()
         self._render_panels()
         self._render_reloads()
         sample = self.state.sample
         xids = self.query_one("#xids", RowsTable)
         if sample is not None:
-            xids.view = render.xid_rows(sample.xids, hms)
-            set_border(xids, subtitle=render.xid_sources_text(sample.xid_sources))
+            xids.view = render.xid_rows(sample.xids, self.source.clock.hms)
+            # The border's corners and the spaces around the text take 6 of its cells.
+            sources = render.xid_sources_text(sample.xid_sources, xids.size.width - 6)
+            set_border(xids, subtitle=sources)
         self._render_status()
+
+    def _render_models(self) -> None:
+        table, clock = self.query_one("#models", RowsTable), self.source.clock
+        rows = partial(render.model_rows, self.state, clock.hms, clock.now())
+        table.view = fit_model_rows(rows, table.inner_width(len(self.state.names())))
 
     def _render_panels(self) -> None:
         models = self.query_one("#models", RowsTable)
@@ -329,9 +335,8 @@ class DashboardApp(App[int]):
         )
         latency = self.query_one("#latency", Panel)
         set_border(latency, title=f"Latency {name} (ms)")
-        latency.view = render.latency_text(
-            m, tuple(self.state.p99.get(name, ())), latency.content_size.width
-        )
+        width, height = latency.content_size
+        latency.view = render.latency_text(m, tuple(self.state.p99.get(name, ())), width, height)
         memory = self.query_one("#memory", Panel)
         memory.view = render.memory_text(self.state, self.selected, memory.content_size.width)
 
@@ -472,6 +477,8 @@ class DashboardApp(App[int]):
             return
         self._quitting = True
         self.phase = "stopping: draining requests and stopping workers" if self.owner else ""
+        if not self.owner:
+            self.exit_message = DETACHED  # printed once the screen is restored
         self._render_status()
         self.workers.cancel_group(self, "load")
         self._wake.set()

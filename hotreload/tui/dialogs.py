@@ -107,15 +107,19 @@ HELP = """\
            worker; a `hotreload dashboard` only detaches
 
 [b]Panels[/b]
-  Models   version, state, policy/strategy, device, last reload
+  Models   version (v3 d513bd5d +1 push: its weights' digest and
+           the trainer pushes laid over the files' weights),
+           state, policy/strategy, device, last reload
   Queue    waiting now / limit, 2-minute sparkline, rejected,
            timed out
-  Latency  p50 / p95 / p99 over 60 s, sparkline of p99
+  Latency  p50 / p95 / p99 over 60 s, sparkline of p99; for a
+           text generator tokens/s and time to first token
   Memory   per GPU used/total and hotreload's share; per model
            torch allocated/reserved (CPU: worker RSS) and growth
            since the first load: a leak climbs across reloads
-  Reloads  one row per reload, newest first; the selected one is
-           detailed below, with error and traceback if it failed
+  Reloads  one row per reload, newest first (auto→availability:
+           the policy auto chose); the selected one is detailed
+           below, with error and traceback if it failed
   Xid      GPU errors (NVML, kernel log); critical ones in red
 """
 

@@ -14,6 +14,7 @@ from hotreload.engine.model import ReloadOutcome
 from hotreload.engine.telemetry import describe_xid_sources
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
+from hotreload.tui.fit import first_fitting
 from hotreload.tui.state import DashboardState, LiveReload
 from hotreload.tui.traceback_view import PACKAGE_DIR, is_hotreload_frame, user_traceback
 
@@ -76,8 +77,27 @@ def phases_text(phases: dict[str, float]) -> str:
 
 
 def trigger_text(o: ReloadOutcome | LiveReload) -> str:
-    detail = o.detail if isinstance(o.detail, str) else ", ".join(o.detail or [])
+    """`file model.py`: what set the reload off. An unchanged reload's last detail is the
+    sentence saying so (engine/model/unchanged.py): the Outcome column and the line under
+    the table say it, and here it would push the phases out of a 120-column table."""
+    if isinstance(o.detail, str) or o.detail is None:
+        detail = o.detail or ""
+    else:
+        files = o.detail[:-1] if isinstance(o, ReloadOutcome) and o.unchanged else o.detail
+        detail = ", ".join(files)
     return f"{o.trigger} {detail}".strip()
+
+
+def policy_text(o: ReloadOutcome, configured: str | None) -> str:
+    """`auto→availability/inplace`: the policy a reload ran with, in the Models panel's
+    words (`auto/inplace`) when the config left the choice to `auto`; `-` when nothing was
+    built (an unchanged save)."""
+    if not o.policy:
+        return "-"
+    chosen = o.policy  # a push loads beside the old version whatever the policy says
+    if configured == "auto" and o.trigger != "push" and chosen in ("availability", "resource"):
+        chosen = f"auto→{chosen}"
+    return f"{chosen}/{o.strategy}".strip("/")
 
 
 # ---------------------------------------------------------------------- models
@@ -111,13 +131,20 @@ def reach_text(sample: Any, model: str | None, width: int) -> str:
     return forms[-1]
 
 
-def last_reload(outcomes: Sequence[ReloadOutcome], hms: Callable[[float], str]) -> Text:
+def last_reload(
+    outcomes: Sequence[ReloadOutcome], hms: Callable[[float], str], *, times: bool = True
+) -> Text:
+    """`12:01:30 ok 0.16 s`, `unchanged` or `FAILED in load` (the Reloads table's words);
+    without `times` when the row must be narrow (the time is in the Reloads table)."""
     if not outcomes:
         return Text("-", "dim")
     o = outcomes[-1]
+    when = f"{hms(o.started_at)} " if times else ""
+    if o.ok and o.unchanged:
+        return Text(f"{when}unchanged", "green")
     if o.ok:
-        return Text(f"{hms(o.started_at)} ok {o.total_s:.2f} s", "green")
-    return Text(f"{hms(o.started_at)} FAILED in {o.phase or '?'}", "bold red")
+        return Text(f"{when}ok {o.total_s:.2f} s", "green")
+    return Text(f"{when}FAILED in {o.phase or '?'}", "bold red")
 
 
 #: States a model passes through: the Models panel shows how long it has been in one.
@@ -131,22 +158,29 @@ def elapsed_text(since: float | None, now: float | None) -> str:
     return f" {max(0.0, now - since):.0f} s"
 
 
-def version_text(version: int, digest: Any, pushes: int) -> Text:
-    """`v3 d513bd5d +2`: the version, the first 8 hex digits of its weights' digest (the
-    whole one is in `hotreload status`), and how many trainer pushes lie over the files'."""
+def version_text(version: int, digest: Any, pushes: int, *, digests: bool = True) -> Text:
+    """`v3 d513bd5d +2 pushes`: the version, the first 8 hex digits of its weights' digest
+    (the whole one is in `hotreload status`; left out where the row must be narrow), and
+    how many trainer pushes lie over the files' weights."""
     if not version:
         return Text("-")
     text = Text(f"v{version}")
-    if isinstance(digest, str) and ":" in digest:
+    if digests and isinstance(digest, str) and ":" in digest:
         text.append(f" {digest.split(':', 1)[1][:8]}", "dim")
     if pushes:
-        text.append(f" +{pushes}", "cyan")
+        text.append(f" +{pushes} push{'es' if pushes != 1 else ''}", "cyan")
     return text
 
 
 def model_rows(
-    state: DashboardState, hms: Callable[[float], str], now: float | None = None
+    state: DashboardState,
+    hms: Callable[[float], str],
+    now: float | None = None,
+    *,
+    digests: bool = True,
+    times: bool = True,
 ) -> tuple[tuple[Any, ...], ...]:
+    """One row per model; `digests` and `times` off make it narrower (fit.fit_model_rows)."""
     sample = state.sample
     if sample is None:
         return ()
@@ -165,11 +199,11 @@ def model_rows(
         rows.append(
             (
                 name,
-                version_text(version, m.get("digest"), int(m.get("pushes") or 0)),
+                version_text(version, m.get("digest"), int(m.get("pushes") or 0), digests=digests),
                 label,
                 f"{m.get('policy')}/{m.get('strategy')}",
                 str(m.get("device") or "-"),
-                last_reload(mine, hms),
+                last_reload(mine, hms, times=times),
             )
         )
     return tuple(rows)
@@ -202,37 +236,75 @@ def queue_text(m: dict[str, Any] | None, history: Sequence[int], width: int) -> 
     return Text("\n").join(lines)
 
 
-def latency_text(m: dict[str, Any] | None, history: Sequence[float], width: int) -> Text:
+def ms_text(value: float) -> str:
+    """A latency in ms to about three figures (1.21, 38.4, 227, 1,530): a narrow panel
+    holds p50 and p95 on one line, and past 100 ms the hundredths are noise."""
+    if value < 10:
+        return f"{value:.2f}"
+    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def latency_text(
+    m: dict[str, Any] | None, history: Sequence[float], width: int, height: int = 0
+) -> Text:
+    """The percentiles, a text generator's tokens/s and time to first token, the p99
+    sparkline and the count, as many as fit `height` lines (0: no limit), in that order of
+    importance. No line is longer than `width`: a figure never wraps in two."""
     if m is None:
         return Text("no model", "dim")
     lat = m.get("latency") or {}
     if not lat.get("count"):
         return Text("no requests in the last minute (l starts a demo load)", "dim")
-    p50 = Text.assemble("p50 ", (f"{lat['p50_ms']:.2f}", "bold"))
-    p95 = Text.assemble("p95 ", (f"{lat['p95_ms']:.2f}", "bold"))
-    p99 = Text.assemble("p99 ", (f"{lat['p99_ms']:.2f}", "bold yellow"))
-    spark = Text(sparkline(history, width), "yellow")
-    count = f"{lat['count']:,} req in 60 s"
-    wide = p50 + Text("  ") + p95 + Text("  ") + p99
+    p50, p95, p99 = (
+        Text.assemble(f"p{q} ", (ms_text(lat[f"p{q}_ms"]), style))
+        for q, style in ((50, "bold"), (95, "bold"), (99, "bold yellow"))
+    )
+    figures = first_fitting(
+        [
+            [Text("  ").join([p50, p95, p99])],
+            [Text(" ").join([p50, p95, p99])],
+            [p50 + Text(" ") + p95, p99],
+            [p50, p95, p99],
+        ],
+        width,
+    )
     gen = m.get("text")  # a text generator's completions (engine/text_stats.py)
-    caption = Text("p99 trend, last 2 min", "dim")
+    tokens: list[Text] = []
     if gen and gen.get("completions"):
-        caption = Text.assemble(
-            (f"{gen['tokens_per_s']:,.0f}", "bold"),
-            " tok/s  first token ",
-            (f"{gen['ttft_p50_ms']:.1f}", "bold"),
-            " ms",
+        tps = (f"{gen['tokens_per_s']:,.0f}", "bold")
+        ttft = (ms_text(gen["ttft_p50_ms"]), "bold")
+        tokens = first_fitting(
+            [
+                [Text.assemble(tps, " tok/s  first token ", ttft, " ms")],
+                [Text.assemble(tps, " tok/s"), Text.assemble("first token ", ttft, " ms")],
+                [Text.assemble(tps, " tok/s"), Text.assemble("1st token ", ttft, " ms")],
+            ],
+            width,
         )
-    if len(wide) <= width:
-        lines = [
-            wide,
-            spark,
-            caption,
-            Text(f"{lat['count']:,} req/60 s, max {lat.get('max_ms', 0):.2f}", "dim"),
-        ]
-    else:
-        lines = [p50 + Text(" ") + p95, p99, spark, Text(count, "dim")]
-    return Text("\n").join(lines)
+    spark = [Text(sparkline(history, width), "yellow")]
+    count = first_fitting(
+        [
+            [Text(f"{lat['count']:,} req/60 s, max {ms_text(lat.get('max_ms', 0))}", "dim")],
+            [Text(f"{lat['count']:,} req in 60 s", "dim")],
+            [Text(f"{lat['count']:,} req/60 s", "dim")],
+        ],
+        width,
+    )
+    caption = [] if tokens else [Text("p99 trend, last 2 min", "dim")]
+    # Kept in order of importance while lines are left; shown in reading order.
+    parts = {
+        "figures": figures, "tokens": tokens, "spark": spark, "count": count, "caption": caption
+    }  # fmt: skip
+    left = height if height > 0 else sum(len(v) for v in parts.values())
+    kept: set[str] = set()
+    for name, lines in parts.items():
+        if len(lines) <= left:
+            kept.add(name)
+            left -= len(lines)
+    order = ("figures", "spark", "caption", "tokens", "count")
+    out = Text("\n").join(line for name in order if name in kept for line in parts[name])
+    out.no_wrap, out.overflow = True, "ellipsis"
+    return out
 
 
 # ---------------------------------------------------------------------- memory
@@ -285,8 +357,10 @@ def memory_text(state: DashboardState, selected: str | None, width: int) -> Text
             rss = (m.get("worker") or {}).get("rss_bytes")
             line.append(f"pid {m.get('pid') or '-'} RSS {mib(rss)} MiB")
         cpus = m.get("cpus")
-        if cpus:
-            line.append(f" on CPU {format_cpus(cpus['serving'])}", "dim")
+        if cpus:  # "on" goes where it would wrap the CPU list onto a line of its own
+            where = format_cpus(cpus["serving"])
+            fits = line.cell_len + len(where) + 8 <= width
+            line.append(f" on CPU {where}" if fits else f" CPU {where}", "dim")
         lines.append(line)
         if not cpus and m.get("cpus_unpinned_short"):
             lines.append(
@@ -356,7 +430,7 @@ def reload_rows(
                 outcome,
                 f"{o.total_s:.2f} s",
                 trigger_text(o),
-                f"{o.policy}/{o.strategy}".strip("/"),
+                policy_text(o, (state.model(o.model) or {}).get("policy")),
                 phases_text(o.phases),
             )
         )
@@ -405,6 +479,23 @@ def xid_rows(xids: Sequence[XidEvent], hms: Callable[[float], str]) -> tuple[tup
     return tuple(rows)
 
 
-def xid_sources_text(sources: Sequence[dict[str, Any]]) -> str:
-    text = describe_xid_sources(sources, plain_reason)
-    return "sources: " + text if text else "sources: starting"
+def short_reason(reason: str) -> str:
+    """A reason's first clause: `NVML library not found` of `NVML library not found: no
+    NVIDIA driver installed`; a clause that starts with a path keeps what follows it
+    (`/dev/kmsg: permission denied`)."""
+    clause = plain_reason(reason).split("; ")[0]
+    head, sep, _ = clause.partition(": ")
+    return head if sep and " " in head else clause
+
+
+def xid_sources_text(sources: Sequence[dict[str, Any]], width: int = 0) -> str:
+    """`sources: nvml off (why); kmsg on`, the whys shortened, then left out, until the
+    line fits `width` (0: no limit): an Xid source is never cut to its first letter."""
+    if not sources:
+        return "sources: starting"
+    forms = [
+        "sources: " + describe_xid_sources(sources, plain_reason),
+        "sources: " + describe_xid_sources(sources, short_reason),
+        "sources: " + ", ".join(f"{s['name']} {'on' if s['active'] else 'off'}" for s in sources),
+    ]
+    return next((f for f in forms if width <= 0 or len(f) <= width), forms[-1])

@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual import events
+from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import DataTable
+
+from hotreload.tui.fit import column_widths
 
 
 class Panel(Widget):
@@ -15,12 +19,20 @@ class Panel(Widget):
 
     view: reactive[Text] = reactive(Text, layout=True)
 
+    class Resized(Message):
+        """The panel's size changed: a view laid out for the old size must be made again."""
+
     def __init__(self, title: str, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="panel")
         self.border_title = title
 
     def render(self) -> Text:
         return self.view
+
+    def on_resize(self, event: events.Resize) -> None:
+        # A layout pass can settle after the last sample was drawn (a column one cell
+        # narrower): without this, a line made to fit the old width wraps until the next.
+        self.post_message(self.Resized())
 
 
 class StatusLine(Widget):
@@ -82,9 +94,14 @@ class RowsTable(DataTable[Any]):
     ) -> None:
         row = self.cursor_row
         grew = len(new) > len(old)
-        # Columns too: their widths then fit today's cells, not the widest ever seen.
+        # Columns too: their widths then fit today's cells, not the widest ever seen. Set
+        # here, not measured later by the table: it measures when its own message queue
+        # next runs dry, and a frame drawn before that stays cached with the headings'
+        # widths, each cell cut to its heading ("v3" of "v3 d513bd5d", "servi") until the
+        # rows change again.
         self.clear(columns=True)
-        self.add_columns(*self._columns)
+        for label, width in zip(self._columns, column_widths(self._columns, new), strict=True):
+            self.add_column(label, width=width)
         self.add_rows(new)
         if not new:
             return

@@ -356,8 +356,8 @@ def build_version(
         try:
             form, example = normalise_example(example_fn())
             signature_in = input_signature(example, form, spec.get("shapes"))
-        except SignatureError as exc:
-            raise LoadError(str(exc)) from None
+        except SignatureError as exc:  # named: the factory and the weights loaded fine
+            raise LoadError(f"{spec['example']['spec']}: {exc}") from None
         example = {k: to_device(v, device) for k, v in example.items()}
         if device.type == "cuda":
             # A stream of this version's own: the sync phase waits on exactly these.

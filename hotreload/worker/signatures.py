@@ -37,10 +37,17 @@ def _example_value(value: Any, name: str) -> Any:
     if is_text(value):
         return list(value)
     raise SignatureError(
-        f"example input {name!r} is a {type(value).__name__}; the example callable must "
+        f"example input {name!r} is a {_what(value)}; the example callable must "
         "return a tensor, a str or list of str, a tuple/list of them, or a dict of "
         "name -> tensor/str"
     )
+
+
+def _what(value: Any) -> str:
+    """The type of a value the wire cannot carry, with the fix for a numpy array."""
+    if type(value).__module__ == "numpy":
+        return f"numpy {type(value).__name__} (return torch.from_numpy(...) instead)"
+    return type(value).__name__
 
 
 def normalise_example(value: Any) -> tuple[str, dict[str, Any]]:
@@ -54,7 +61,7 @@ def normalise_example(value: Any) -> tuple[str, dict[str, Any]]:
         return FORM_DICT, {k: _example_value(v, k) for k, v in value.items()}
     raise SignatureError(
         "the example callable must return a tensor, a str or list of str, a tuple/list of "
-        f"them, or a dict of name -> tensor/str; it returned {type(value).__name__}"
+        f"them, or a dict of name -> tensor/str; it returned {_what(value)}"
     )
 
 
