@@ -2,12 +2,27 @@
 # The test command (README, .ci/run): set up .venv if needed, lint (ruff, then the import
 # contracts of pyproject.toml), build the docs site (mkdocs.yml; --strict: a broken link or a
 # page missing from nav fails), run the test suite on CPU.
+#
+#   ./scripts/test.sh --quick [PYTEST ARGS]   the fast tier, for the edit-test loop: lint and
+#       the tests that start no worker process, server or client (not marked `real` or
+#       `slow`: tests/conftest.py), with no docs build and no tritonserver or Chromium
+#       set-up; a test there that starts a worker fails, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 scripts/bootstrap.sh
-scripts/setup-chromium.sh   # for the report picture test; skipped where it cannot install
-scripts/setup-triton.sh     # tritonserver for tests/triton; skipped where it cannot install
+if [ "$quick" = 0 ]; then
+  scripts/setup-chromium.sh   # for the report picture test; skipped where it cannot install
+  scripts/setup-triton.sh     # tritonserver for tests/triton; skipped where it cannot install
+fi
 .venv/bin/ruff check hotreload tests benchmarks examples
 .venv/bin/lint-imports --no-cache   # [tool.importlinter] in pyproject.toml
+if [ "$quick" = 1 ]; then
+  HOTRELOAD_TEST_TIER=quick exec .venv/bin/python -m pytest -m "not real and not slow" "$@"
+fi
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet   # docs/ into site/ (ignored)
 .venv/bin/python -m pytest "$@"

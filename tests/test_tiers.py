@@ -1,0 +1,39 @@
+"""The fast tier (`./scripts/test.sh --quick`): tests that start no worker process. A test
+there that starts one fails at once with what to do, instead of slowing the tier unnoticed;
+the files listed as real are marked so (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.support import REPO
+
+
+def _pytest(*args: str, tier: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "HOTRELOAD_TEST_TIER"}
+    if tier is not None:
+        env["HOTRELOAD_TEST_TIER"] = tier
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+
+
+def test_a_test_that_starts_a_worker_fails_in_the_quick_tier_saying_what_to_do() -> None:
+    test = (
+        "tests/hardening/test_oom_choice.py"
+        "::test_a_served_worker_sits_above_its_manager_for_the_oom_killer"
+    )
+    out = _pytest(test, tier="quick")
+    assert out.returncode != 0, out.stdout
+    assert "starts a real worker process" in out.stdout, out.stdout[-3000:]
+    assert "REAL_FILES in tests/conftest.py" in out.stdout
+
+
+def test_the_real_files_are_left_out_of_the_quick_selection() -> None:
+    out = _pytest("--collect-only", "-m", "not real and not slow", "tests/", tier="quick")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "tests/test_reload.py" not in out.stdout and "test_worker_ops.py" not in out.stdout
+    assert "test_tiers.py" in out.stdout and "test_config_change_message.py" in out.stdout
