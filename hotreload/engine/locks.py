@@ -154,7 +154,7 @@ class DeviceLocks:
         local = self._lock(key)
         notice: asyncio.Task[None] | None = None
         if local.locked():
-            tell("")  # contended: waiters are served in turn, and told at tell_after_s
+            contended = True  # waiters are served in turn, and told at tell_after_s
 
             async def say_later() -> None:
                 await asyncio.sleep(max(0.0, self.tell_after_s - (time.monotonic() - started)))

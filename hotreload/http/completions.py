@@ -187,7 +187,8 @@ def generate_request(doc: dict[str, Any]) -> dict[str, Any]:
     merged.setdefault("temperature", 0.0)
     sampling = sampling_of(merged)
     sampling["stop"] = sampling["stop"] or stops_of(merged.get("stop_words"))
-    return {"task": "complete", "prompts": [text], "sampling": sampling}
+    # The worker names this route's field in its 400s (a prompt past the context, say).
+    return {"task": "complete", "prompts": [text], "sampling": sampling, "field": "text_input"}
 
 
 def generate_response(model: str, reply: dict[str, Any]) -> dict[str, Any]:

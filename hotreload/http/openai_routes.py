@@ -156,13 +156,7 @@ class TextRoutes:
         doc = await self._doc(request)
         _, adapter = adapter_choice.split_model(None, doc)
         text = adapter_choice.with_adapter(self._parsed(c.generate_request, doc, host), adapter)
-        try:
-            reply = await self._run(host, text, request, doc)
-        except HttpError as exc:
-            if exc.status != 400:
-                raise
-            # The worker names the completions field; this route's is `text_input`.
-            raise HttpError(400, exc.message.replace("'prompt'", "'text_input'")) from None
+        reply = await self._run(host, text, request, doc)
         return self._answer(c.generate_response(host.name, reply), reply)
 
     async def tokenize(self, request: web.Request) -> web.Response:

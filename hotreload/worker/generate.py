@@ -134,12 +134,19 @@ def prompt_bound(call: ModelCall, tok: Tokenizer) -> tuple[int, str] | None:
     return None
 
 
+def prompt_field(index: int, count: int, name: str = "prompt") -> str:
+    """How a 400 names prompt `index` of `count`: `'prompt'`, or `'prompt'[i]` in a batch
+    (`name`: the route's field, `text_input` on Triton's generate)."""
+    return f"'{name}'[{index}]" if count > 1 else f"'{name}'"
+
+
 def check_prompts(
     call: ModelCall,
     tok: Tokenizer,
     prompts: list[list[int]],
     max_tokens: int,
     max_prompt_tokens: int | None,
+    field_name: str = "prompt",
 ) -> None:
     """Refuse, before any forward, a request that does not fit: a prompt over the model's
     `max_prompt_tokens` key, or prompt + `max_tokens` over the model's context (vLLM's rule
@@ -154,7 +161,7 @@ def check_prompts(
     spares is quadratic."""
     context = prompt_bound(call, tok)
     for i, ids in enumerate(prompts):
-        field = f"'prompt'[{i}]" if len(prompts) > 1 else "'prompt'"
+        field = prompt_field(i, len(prompts), field_name)
         n = len(ids)
         if max_prompt_tokens is not None and n > max_prompt_tokens:
             raise TextRequestError(

@@ -75,7 +75,7 @@ def reply_pieces(header: dict[str, Any], blobs: list[Any], max_frame: int) -> li
     the session reads, an error that says so: the session never gets a frame it must refuse
     (which would cost the channel, and so the worker and every request on it)."""
     pieces = pack_spilling(header, blobs)
-    size = sum(memoryview(p).nbytes for p in pieces) - 4  # the body, as the length counts
+    size = int.from_bytes(bytes(pieces[0][:4]), "big")  # the body length its prefix says
     if size <= max_frame:
         return pieces
     message = (

@@ -18,6 +18,7 @@ from hotreload.worker.generate import (
     TextRequestError,
     check_prompts,
     complete,
+    prompt_field,
 )
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.replies import error_header
@@ -134,11 +135,12 @@ def run_text(mv: ModelVersion, spec: dict[str, Any], req: dict[str, Any]) -> dic
     sampling = Sampling(**req["sampling"])
     # Every prompt is measured before any runs: one over the bound is a 400 at once.
     prompts = [_prompt_ids(tok, p) for p in req["prompts"]]
-    vocab = _vocab_size(mv, call)
+    vocab, name = _vocab_size(mv, call), str(req.get("field") or "prompt")
     for i, (ids, sent) in enumerate(zip(prompts, req["prompts"], strict=True)):
-        field = f"'prompt'[{i}]" if len(prompts) > 1 else "'prompt'"
+        field = prompt_field(i, len(prompts), name)
         _check_ids(ids, vocab, field, tokenized=isinstance(sent, str))
-    check_prompts(call, tok, prompts, sampling.max_tokens, spec.get("max_prompt_tokens"))
+    max_prompt = spec.get("max_prompt_tokens")
+    check_prompts(call, tok, prompts, sampling.max_tokens, max_prompt, name)
     choices, prompt_tokens, completion_tokens = [], 0, 0
     first_token_s: float | None = None
     t0 = time.perf_counter()

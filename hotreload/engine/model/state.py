@@ -331,10 +331,9 @@ class ModelState:
         past a second is said at once (who holds it), not only when it ends. `worker`: the
         one about to build (a start's), whose device its hello said."""
         held = worker or self.record.serving
-        device = (held.device if held else None) or self.model.device
         # "auto" not yet resolved by a worker (a cold build after an unload) may be a GPU:
-        # it takes the lock shared across sessions, as a GPU's.
-        key = device if device != "auto" else "auto"
+        # as a key of its own it takes the lock shared across sessions, as a GPU's does.
+        key = (held.device if held else None) or self.model.device
         waited_note: list[str] = []
 
         def waiting(line: str) -> None:
