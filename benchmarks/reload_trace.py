@@ -125,7 +125,6 @@ async def measure() -> dict[str, Trace]:
     from hotreload.engine.events import EventBus
     from hotreload.engine.locks import DeviceLocks
     from hotreload.engine.model import ModelSupervisor
-    from hotreload.engine.model.workers import WorkerFactory
     from hotreload.protocol.shared_state import pack_state
     from tests.supervisor.fake_worker import FakeWorker, Script
     from tests.support import make_project
@@ -135,15 +134,12 @@ async def measure() -> dict[str, Trace]:
         config = load_config(make_project(tmp_path))
         model = dataclasses.replace(config.models[0], device="cpu")
         script = Script()
-        factory = WorkerFactory(
-            model, config, lambda generation, code, standby: FakeWorker(script, generation)
-        )
         sup = ModelSupervisor(
             model,
             config,
             EventBus(None),
             DeviceLocks(tmp_path / "locks"),
-            workers=factory,
+            spawn=lambda generation, code, standby: FakeWorker(script, generation),
             snapshot_dir=tmp_path / "snapshots",
         )
         try:

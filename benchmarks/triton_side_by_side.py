@@ -13,10 +13,12 @@ clients for `--seconds`; every `--every` s the model's SCALE is edited in the fi
 server reads (the project's model.py, or the export's 1/code/model.py). Each server runs
 once without edits (the baseline) and once with them.
 
-Reported per run: sent, failed, p50/p99; p99 in reload windows (requests overlapping
-[edit, first new answer + 0.5 s]) against the no-reload run's p99; write -> first new
-answer (the first reply whose value shows the new SCALE; Triton keeps version "1"); the
-servers' CPU-seconds (all their processes) per 1,000 answered requests. Figures, not a test.
+Reported per run: sent, answers per second, failed, p50/p99; p99 in reload windows
+(requests overlapping [edit, first new answer + 0.5 s]) against the no-reload run's p99;
+write -> first new answer (the first reply whose value shows the new SCALE; Triton keeps
+version "1"); the servers' CPU-seconds (all their processes) per 1,000 answered requests,
+and of them the front process's (hotreload's engine, tritonserver; the rest is the
+model's process: the worker, the python backend's stub). Figures, not a test.
 """
 
 from __future__ import annotations
@@ -107,11 +109,14 @@ class Run:
     server: str
     clients: int
     reloads: bool
+    seconds: float
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     failed: int = 0
     sent: int = 0
     edits: list[tuple[float, float]] = field(default_factory=list)  # (time, scale)
     cpu_s: float = 0.0
+    #: Of `cpu_s`, the front process's own (the HTTP server: engine, tritonserver).
+    front_cpu_s: float = 0.0
 
 
 def _start(server: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -184,22 +189,25 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -
     raise SystemExit(f"not ready after {timeout} s")
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int) -> tuple[float, float]:
     """CPU time of the server's process tree, ended children included (a reloaded Triton
-    stub or a retired hotreload worker counts in its reaping parent's children_* times)."""
+    stub or a retired hotreload worker counts in its reaping parent's children_* times),
+    and of the root process alone (its own user and system time)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
+        return 0.0, 0.0
+    total = front = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
         except psutil.NoSuchProcess:
-            pass
-    return total
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+        if p is root:
+            front = t.user + t.system
+    return total, front
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -220,7 +228,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def run_once(server: str, clients: int, seconds: float, every: float, reloads: bool) -> Run:
     tmp = Path(tempfile.mkdtemp(prefix="hr-triton-bench-"))
     proc, url, model_py = _start(server, tmp)
-    run = Run(server, clients, reloads)
+    run = Run(server, clients, reloads, seconds)
     try:
         _wait_ready(url, proc)
         time.sleep(1.0)  # past the first answers' lazy set-up
@@ -234,7 +242,7 @@ def run_once(server: str, clients: int, seconds: float, every: float, reloads: b
             p.start()
             pipes.append(parent)
             workers.append(p)
-        cpu0 = _cpu_seconds(proc.pid)
+        cpu0, front0 = _cpu_seconds(proc.pid)
         k = 0
         while reloads:
             at = t_start + every / 2 + k * every
@@ -252,7 +260,8 @@ def run_once(server: str, clients: int, seconds: float, every: float, reloads: b
                 with urllib.request.urlopen(req, timeout=120) as r:
                     r.read()
         time.sleep(max(0.0, t_start + seconds - time.time()))
-        run.cpu_s = _cpu_seconds(proc.pid) - cpu0
+        cpu1, front1 = _cpu_seconds(proc.pid)
+        run.cpu_s, run.front_cpu_s = cpu1 - cpu0, front1 - front0
         for parent, p in zip(pipes, workers, strict=True):
             s, f, n = parent.recv()
             run.samples += s
@@ -287,9 +296,11 @@ def report(run: Run, baseline: Run | None) -> None:
     ok = len(run.samples)
     line = (
         f"{run.server:<16} {run.clients:>4} {'edits' if run.reloads else 'none':<6} "
-        f"{run.sent:>7} {run.failed:>6} {percentile(lat, 50):>8.2f} {percentile(lat, 99):>8.2f}"
+        f"{run.sent:>7} {ok / run.seconds:>6.0f} {run.failed:>6} {percentile(lat, 50):>8.2f} "
+        f"{percentile(lat, 99):>8.2f}"
     )
     cpu = run.cpu_s / ok * 1000 if ok else float("nan")
+    front = run.front_cpu_s / ok * 1000 if ok else float("nan")
     if run.reloads:
         firsts = first_new_answers(run)
         spans = [
@@ -309,7 +320,7 @@ def report(run: Run, baseline: Run | None) -> None:
         line += f" {p99_in:>9.2f} {ratio:>6.2f}x  {med:>6} / {worst:<6} {len(seen)}/{len(firsts)}"
     else:
         line += f" {'':>9} {'':>7}  {'':>15}"
-    print(line + f" {cpu:>8.3f}", flush=True)
+    print(line + f" {cpu:>8.3f} {front:>8.3f}", flush=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -327,11 +338,12 @@ def main() -> int:
     )
     args = parser.parse_args()
     print(
-        f"{'server':<16} {'cli':>4} {'reload':<6} {'sent':>7} {'failed':>6} {'p50 ms':>8} "
+        f"{'server':<16} {'cli':>4} {'reload':<6} {'sent':>7} {'ans/s':>6} {'failed':>6} "
+        f"{'p50 ms':>8} "
         f"{'p99 ms':>8} {'p99 in rl':>9} {'vs no':>7}  {'new answer s':>15} "
-        f"{'cpu-s/1k':>8}"
+        f"{'cpu-s/1k':>8} {'of front':>8}"
     )
-    print(f"{'':<70} (median / worst, edits seen)")
+    print(f"{'':<77} (median / worst, edits seen)")
     for clients in args.clients:
         for server in args.servers:
             baseline = run_once(server, clients, args.seconds, args.every, reloads=False)

@@ -16,9 +16,23 @@ import pytest
 
 from tests.support import SHARED, ServeProcess, make_project
 
-# Reload locks of test sessions live in a folder of this run, not the machine-wide one, so a
-# hotreload a developer runs meanwhile neither blocks nor is blocked by the tests.
-os.environ.setdefault("HOTRELOAD_LOCK_DIR", tempfile.mkdtemp(prefix="hotreload-test-locks-"))
+
+def _lock_dir() -> str:
+    """Reload locks of test sessions live in a folder of this run, not the machine-wide one,
+    so a hotreload a developer runs meanwhile neither blocks nor is blocked by the tests.
+    Under pytest-xdist (./scripts/test.sh runs `-n`) every worker inherits the controller's
+    folder and takes a folder of its own in it: the sessions of tests running at the same
+    time on other workers neither hold its reload locks nor claim its CPUs (engine/cpus.py)."""
+    run = os.environ.get("HOTRELOAD_LOCK_DIR") or tempfile.mkdtemp(prefix="hotreload-test-locks-")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return run
+    own = os.path.join(run, worker)
+    os.makedirs(own, mode=0o700, exist_ok=True)
+    return own
+
+
+os.environ["HOTRELOAD_LOCK_DIR"] = _lock_dir()
 
 
 def _nvidia_gpu_present() -> bool:
@@ -113,11 +127,53 @@ def _is_real(item: pytest.Item, root: Path) -> bool:
     return in_list or bool(REAL_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
+def _shared_fixture_homes(item: pytest.Item) -> set[str]:
+    """Where the suite's own fixtures wider than a test that `item` uses are defined (a test
+    file, or a conftest's folder): a Ray cluster, a tritonserver, a session shared by a
+    module. Fixtures of pytest and its plugins (baseid "") are left out."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {
+        fixturedef.baseid
+        for name in info.names_closure
+        for fixturedef in info.name2fixturedefs.get(name, ())
+        if fixturedef.scope != "function" and fixturedef.baseid
+    }
+
+
+def _group_by_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Mark the tests that share a fixture wider than a test, directly or through another
+    test (a module's server beside its folder's tritonserver), with one `xdist_group`: under
+    `-n --dist loadgroup` they run on one worker, so the fixture is made once, not once per
+    worker that draws one of them. A group is named by the least of its fixtures' homes, so
+    every worker, collecting the same tests, names it alike."""
+    root: dict[str, str] = {}
+
+    def find(home: str) -> str:
+        while root.setdefault(home, home) != home:
+            home = root[home]
+        return home
+
+    homes = {item: sorted(_shared_fixture_homes(item)) for item in items}
+    for found in homes.values():
+        for home in found[1:]:
+            a, b = find(found[0]), find(home)
+            root[max(a, b)] = min(a, b)
+    for item, found in homes.items():
+        if found:
+            item.add_marker(pytest.mark.xdist_group(find(found[0])))
+
+
+# tryfirst: before pytest-xdist's own hook reads the xdist_group marks (it names a grouped
+# test's node id after its group), and before `-m` deselects by the `real` mark.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent
     for item in items:
         if _is_real(item, root):
             item.add_marker(pytest.mark.real)
+    _group_by_shared_fixtures(items)
     # get_closest_marker, not keywords: keywords include folder names (tests/gpu/...).
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if marked and not _nvidia_gpu_present():

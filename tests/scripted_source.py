@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hotreload.engine.events import Event, as_dict, build
+from hotreload.engine.event_kinds import BaseEvent
+from hotreload.engine.events import build
 from hotreload.engine.model import ReloadOutcome
 from hotreload.gpu.readings import GpuDevice, GpuProcess, GpuSnapshot
 from hotreload.gpu.reset import ResetDecision, ResetResult
@@ -57,7 +58,7 @@ class ScriptedSource:
         self.reset_mode = reset_mode
         self.samples = list(samples)
         self.decision = decision or ResetDecision(False, "GPU reset is off (scripted)")
-        self.subscribers: list[Callable[[Event], None]] = []
+        self.subscribers: list[Callable[[BaseEvent, bool], None]] = []
         #: What the app asked for, in order (keys pressed show up here).
         self.calls: list[tuple[str, Any]] = []
         self._stopped = asyncio.Event()
@@ -75,15 +76,15 @@ class ScriptedSource:
         await self._stopped.wait()
         raise RuntimeError("the script is over")
 
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[[BaseEvent, bool], None]) -> Callable[[], None]:
         self.subscribers.append(fn)
         return lambda: self.subscribers.remove(fn)
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Play an engine event to the app (checked and shaped as the engine's are)."""
-        event = as_dict(build(kind, fields), self.clock.now())
+        event = build(kind, fields, ts=self.clock.now())
         for fn in list(self.subscribers):
-            fn(event)
+            fn(event, False)
 
     async def reload(self, model: str | None) -> list[ReloadOutcome]:
         self.calls.append(("reload", model))

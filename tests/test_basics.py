@@ -19,6 +19,7 @@ from hotreload.commands.completion import bash_script, zsh_script
 from hotreload.commands.init import STARTER
 from hotreload.commands.printer import PlainPrinter
 from hotreload.config import find_config
+from hotreload.engine.event_kinds import Ready
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def test_every_command_help_says_what_it_does_and_shows_a_typical_use() -> None:
 
 # -- colour ------------------------------------------------------------------------------
 
-READY = {"kind": "ready", "model": "mlp", "version": 2, "device": "cpu", "pid": 7, "ts": 0.0}
+READY = Ready(model="mlp", version=2, device="cpu", pid=7, load_s=0.0, warm_s=0.0, ts=0.0)
 
 
 def test_colour_in_a_terminal_but_not_in_a_pipe_or_under_no_color(

@@ -19,6 +19,7 @@ import torch
 
 from hotreload.config import load_config
 from hotreload.config.models import Deadlines
+from hotreload.engine.event_kinds import BaseEvent, CheckpointWait, ReloadFailed
 from hotreload.engine.model import ReloadOutcome
 from hotreload.engine.session import Session
 from tests.support import make_project
@@ -49,7 +50,7 @@ def write_slowly(path: Path, data: bytes, pause_s: float, finish: bool = True) -
 
 def reload_during_write(
     tmp_path: Path, *, finish: bool, checkpoint_s: float
-) -> tuple[ReloadOutcome, list[dict], np.ndarray, np.ndarray]:
+) -> tuple[ReloadOutcome, list[BaseEvent], np.ndarray, np.ndarray]:
     config = load_config(make_project(tmp_path))
     model = config.models[0]
     model = dataclasses.replace(model, deadlines=Deadlines(checkpoint_s=checkpoint_s))
@@ -57,9 +58,9 @@ def reload_during_write(
     weights = model.weights[0]
     new = doubled_weights(weights)
 
-    async def scenario() -> tuple[ReloadOutcome, list[dict], np.ndarray, np.ndarray]:
+    async def scenario() -> tuple[ReloadOutcome, list[BaseEvent], np.ndarray, np.ndarray]:
         session = Session(config, endpoint=False, telemetry=False)
-        seen: list[dict] = []
+        seen: list[BaseEvent] = []
         session.events.subscribe(seen.append)
         try:
             await session.start()
@@ -88,10 +89,10 @@ def test_a_checkpoint_written_in_place_is_waited_for_and_then_loaded(tmp_path: P
     outcome, seen, before, after = reload_during_write(tmp_path, finish=True, checkpoint_s=30)
     assert outcome.ok and outcome.version == 2, outcome
     assert "checkpoint" in outcome.phases and outcome.phases["checkpoint"] >= 0.5
-    waits = [e for e in seen if e["kind"] == "checkpoint_wait"]
-    assert len(waits) == 1 and "still being written" in waits[0]["message"], waits
-    assert [e["kind"] for e in seen if e["kind"].startswith("reload_")][-1] == "reload_done"
-    assert not any(e["kind"] == "reload_failed" for e in seen)
+    waits = [e for e in seen if isinstance(e, CheckpointWait)]
+    assert len(waits) == 1 and "still being written" in waits[0].message, waits
+    assert [e.kind for e in seen if e.kind.startswith("reload_")][-1] == "reload_done"
+    assert not any(isinstance(e, ReloadFailed) for e in seen)
     # The new (doubled) weights answer: the model is linear in its last layer's weights.
     assert not np.array_equal(after, before)
 

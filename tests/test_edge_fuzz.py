@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from hotreload.errors import ProtocolError
 from hotreload.http.kserve import InferRequestError, parse_infer_request
 from hotreload.paths import socket_path_for
-from hotreload.protocol import read_frame_sync
 from hotreload.protocol.frame_protocol import FrameParser
+from hotreload.protocol.framing import read_frame_sync
 from hotreload.protocol.header_fields import FIELD_TYPES, header_problem
 from tests.support import ServeProcess
 

@@ -1,12 +1,14 @@
 """Typed events (engine/event_kinds.py): a kind or a field nobody declared fails at the
-call, every event goes through events.jsonl and comes back the same, and every `emit` in
-the source names a declared kind with declared fields (so the two cannot drift apart)."""
+call, subscribers get the event object itself, every event goes through events.jsonl and
+comes back the same (its time too), and every `emit` in the source names a declared kind
+with declared fields (so the two cannot drift apart)."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,12 +41,17 @@ VALUES: dict[str, Any] = {
 def sample(cls: type[BaseEvent], *, optional: bool) -> BaseEvent:
     """An event of `cls`: every field set, or (`optional` False) only the required ones."""
     fields = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in own_fields(cls):
         if optional or f.name in cls.required_fields:
             kind = str(f.type).removesuffix(" | None")
             assert kind in VALUES, f"{cls.kind}.{f.name}: add a sample value for {kind!r}"
             fields[f.name] = VALUES[kind]
     return cls(**fields)
+
+
+def own_fields(cls: type[BaseEvent]) -> list[dataclasses.Field[Any]]:
+    """The kind's fields: all but BaseEvent's `ts`, which every event has."""
+    return [f for f in dataclasses.fields(cls) if f.name in cls.field_names]
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -60,7 +67,9 @@ def test_each_kind_is_a_frozen_keyword_only_dataclass_with_json_fields() -> None
         assert cls.kind == kind and dataclasses.is_dataclass(cls)
         params = cls.__dataclass_params__  # type: ignore[attr-defined]
         assert params.frozen, kind
-        for f in dataclasses.fields(cls):
+        # Every field but the time every event carries (BaseEvent's, not the kind's).
+        assert [f.name for f in dataclasses.fields(cls) if f.name not in cls.field_names] == ["ts"]
+        for f in own_fields(cls):
             assert f.name not in RESERVED, f"{kind}.{f.name}"
             assert f.kw_only, f"{kind}.{f.name}"
             # Optional means "may be None, then left out of the line": default None, always.
@@ -88,7 +97,7 @@ def test_an_xid_event_as_the_telemetry_emits_it(tmp_path: Path) -> None:
     bus.close()
     assert set(event_to_json(lost)) == set(EVENT_TYPES["xid"].field_names)
     (line,) = lines(bus.path)
-    assert line == sent and from_dict(line) == build("xid", event_to_json(lost))
+    assert line == as_dict(sent) and from_dict(line) == sent == build("xid", event_to_json(lost))
     assert line["xid"] == 79 and line["pci"] == "0000:65:00" and "device" not in line
 
 
@@ -97,7 +106,7 @@ def test_an_xid_event_as_the_telemetry_emits_it(tmp_path: Path) -> None:
 
 def test_an_unknown_kind_or_field_fails_at_the_call(tmp_path: Path) -> None:
     bus = EventBus(tmp_path / "events.jsonl")
-    seen: list[dict[str, Any]] = []
+    seen: list[BaseEvent] = []
     bus.subscribe(seen.append)
     with pytest.raises(TypeError, match="unknown event kind 'reload_dnoe'"):
         bus.emit("reload_dnoe", model="mlp")
@@ -113,19 +122,26 @@ def test_an_unknown_kind_or_field_fails_at_the_call(tmp_path: Path) -> None:
     bus.close()
 
 
-def test_an_event_or_its_kind_and_fields_emit_the_same_dict(tmp_path: Path) -> None:
+def test_a_subscriber_gets_the_event_object_and_the_file_its_dict(tmp_path: Path) -> None:
     bus = EventBus(tmp_path / "events.jsonl")
-    seen: list[dict[str, Any]] = []
+    seen: list[BaseEvent] = []
     bus.subscribe(seen.append)
+    before = time.time()
     by_kind = bus.emit("ready", model="mlp", version=2, device="cpu", pid=7, load_s=1.0, warm_s=0.5)
-    by_event = bus.emit(Ready(model="mlp", version=2, device="cpu", pid=7, load_s=1.0, warm_s=0.5))
-    assert list(by_kind) == ["ts", "kind", "model", "version", "device", "pid", "load_s", "warm_s"]
-    assert {**by_kind, "ts": 0} == {**by_event, "ts": 0}  # inputs None: left out
-    assert seen == [by_kind, by_event] == lines(bus.path) == list(bus.recent)
-    assert from_dict(by_kind) == Ready(
-        model="mlp", version=2, device="cpu", pid=7, load_s=1.0, warm_s=0.5
-    )
+    made = Ready(model="mlp", version=2, device="cpu", pid=7, load_s=1.0, warm_s=0.5)
+    by_event = bus.emit(made)
     bus.close()
+    # The objects themselves, nothing rebuilt: a consumer matches on the class.
+    assert seen == [by_kind, by_event] == list(bus.recent)
+    assert seen[1] is made and isinstance(seen[0], Ready) and by_kind == made
+    assert before <= by_kind.ts <= made.ts <= time.time()
+    # The dict only at the edge: one line each, in declaration order, inputs None left out.
+    got = lines(bus.path)
+    assert got == [as_dict(by_kind), as_dict(made)]
+    assert list(got[0]) == ["ts", "kind", "model", "version", "device", "pid", "load_s", "warm_s"]
+    assert got[0]["ts"] == by_kind.ts and got[0]["kind"] == "ready"
+    back = from_dict(got[1])
+    assert back == made and back.ts == made.ts
 
 
 def test_emit_once_says_a_note_once_however_it_is_given(tmp_path: Path) -> None:
@@ -134,21 +150,23 @@ def test_emit_once_says_a_note_once_however_it_is_given(tmp_path: Path) -> None:
     assert bus.emit_once("model_note", model="mlp", message="output aux left out") is not None
     assert bus.emit_once(note) is None
     assert bus.emit_once("model_note", model="other", message="output aux left out") is not None
-    assert [e["model"] for e in bus.recent] == ["mlp", "other"]
+    assert [e.model for e in bus.recent if isinstance(e, ModelEvent)] == ["mlp", "other"]
 
 
 def test_every_kind_goes_through_events_jsonl_and_comes_back(tmp_path: Path) -> None:
     path = tmp_path / ".hotreload" / "events.jsonl"
     bus = EventBus(path)
-    seen: list[dict[str, Any]] = []
+    seen: list[BaseEvent] = []
     bus.subscribe(seen.append)
     sent = [sample(cls, optional=o) for cls in EVENT_TYPES.values() for o in (True, False)]
     for event in sent:
         bus.emit(event)
     bus.close()
     got = lines(path)
-    assert got == seen  # the subscribers' dicts are the lines
-    assert [from_dict(line) for line in got] == sent
+    assert all(a is b for a, b in zip(seen, sent, strict=True))  # the subscribers' objects
+    assert got == [as_dict(e) for e in sent]
+    back = [from_dict(line) for line in got]
+    assert back == sent and [e.ts for e in back] == [e.ts for e in sent]
     for line, event in zip(got, sent, strict=True):
         assert list(line)[:2] == ["ts", "kind"] and line["kind"] == event.kind
         # Declared order; an optional field that is None is left out, a required one stays.
@@ -161,7 +179,7 @@ def test_every_kind_goes_through_events_jsonl_and_comes_back(tmp_path: Path) -> 
 
 
 def test_a_required_field_stays_in_the_line_even_when_none() -> None:
-    line = as_dict(Ready(model="mlp", version=None, load_s=0.1, warm_s=0.1), 1.0)  # type: ignore[arg-type]
+    line = as_dict(Ready(model="mlp", version=None, load_s=0.1, warm_s=0.1, ts=1.0))  # type: ignore[arg-type]
     assert line == {"ts": 1.0, "kind": "ready", "model": "mlp", "version": None,
                     "load_s": 0.1, "warm_s": 0.1}  # fmt: skip
 
@@ -171,6 +189,7 @@ def test_from_dict_is_strict_unless_told_otherwise() -> None:
     with pytest.raises(TypeError, match="has no field 'replayed'"):
         from_dict(line)
     assert from_dict(line, strict=False) == EVENT_TYPES["watch_paused"]()
+    assert from_dict(line, strict=False).ts == 1.0  # the line's time, not the reading's
     with pytest.raises(TypeError, match="unknown event kind 'stats'"):
         from_dict({"kind": "stats", "count": 3}, strict=False)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hotreload.engine.event_kinds import BaseEvent, EventsFileError, EventsFileResumed
 from hotreload.engine.events import EventBus
 
 
@@ -60,7 +61,7 @@ def test_a_full_disk_is_said_once_leaves_no_partial_line_and_writing_resumes(
     disk = FullDisk()
     path = tmp_path / ".hotreload" / "events.jsonl"
     bus = EventBus(path, write=disk)
-    seen: list[dict] = []
+    seen: list[BaseEvent] = []
     bus.subscribe(seen.append)
     done(bus, 1)
 
@@ -68,14 +69,14 @@ def test_a_full_disk_is_said_once_leaves_no_partial_line_and_writing_resumes(
     for v in range(2, 6):
         done(bus, v)
     assert [e["version"] for e in lines(path)] == [1]
-    errors = [e for e in seen if e["kind"] == "events_file_error"]
-    assert len(errors) == 1 and "No space left on device" in errors[0]["message"]
+    errors = [e for e in seen if isinstance(e, EventsFileError)]
+    assert len(errors) == 1 and "No space left on device" in errors[0].message
 
     disk.full = False  # space is back: the waiting lines follow, in order
     done(bus, 6)
     got = lines(path)
     assert [e.get("version") for e in got if e["kind"] == "reload_done"] == [1, 2, 3, 4, 5, 6]
-    assert [e["kind"] for e in seen].count("events_file_resumed") == 1
+    assert sum(isinstance(e, EventsFileResumed) for e in seen) == 1
     done(bus, 7)
     assert lines(path)[-1]["version"] == 7
     bus.close()
@@ -121,7 +122,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_real_full_file_system(tiny_disk: Path) -> None:
     path = tiny_disk / ".hotreload" / "events.jsonl"
     bus = EventBus(path)
-    seen: list[dict] = []
+    seen: list[BaseEvent] = []
     bus.subscribe(seen.append)
     done(bus, 1)
     filler = tiny_disk / "filler"
@@ -135,11 +136,11 @@ def test_a_real_full_file_system(tiny_disk: Path) -> None:
         os.close(fd)
     for v in range(2, 40):
         done(bus, v, trigger="x" * 300)
-    assert [e["kind"] for e in seen].count("events_file_error") == 1
+    assert sum(isinstance(e, EventsFileError) for e in seen) == 1
     lines(path)  # whole lines only, whatever fitted
     filler.unlink()
     done(bus, 40)
     got = [e["version"] for e in lines(path) if e["kind"] == "reload_done"]
     assert got == list(range(1, 41))
-    assert [e["kind"] for e in seen].count("events_file_resumed") == 1
+    assert sum(isinstance(e, EventsFileResumed) for e in seen) == 1
     bus.close()

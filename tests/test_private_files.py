@@ -95,6 +95,18 @@ def machine_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture
+def cache_home() -> Iterator[Path]:
+    """A folder for XDG_CACHE_HOME right in /tmp: a session socket in the cache's fallback
+    runtime folder must fit in 107 bytes, which one under tmp_path may not (pytest-xdist puts
+    tmp_path a folder deeper, and a long user name lengthens it)."""
+    folder = Path(tempfile.mkdtemp(prefix="hr-cache-", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
@@ -152,14 +164,14 @@ def test_another_user_can_neither_hold_nor_open_our_locks(
 
 
 def test_a_runtime_folder_made_by_another_user_is_passed_over_and_said(
-    machine_tmp: Path, other_user: OtherUser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine_tmp: Path, other_user: OtherUser, cache_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 38, item 9: a squatted `hotreload-<uid>` no longer stops the session; sockets
     and locks go to the user's cache folder, and one line says so."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
     squat = machine_tmp / f"hotreload-{os.getuid()}"
     assert other_user.run("mkdir", "-m", "0777", str(squat)).returncode == 0
-    fallback = tmp_path / "cache" / "hotreload" / "run"
+    fallback = cache_home / "hotreload" / "run"
     assert default_lock_dir() == fallback / "locks"
     os.close(open_lock_file(default_lock_dir(), "cuda:0"))
     assert _mode(fallback) == 0o700 and not any(squat.iterdir())
@@ -282,17 +294,16 @@ def test_a_symlinked_state_folder_or_events_file_is_refused(
 def test_a_session_starts_beside_a_squatted_runtime_folder_and_says_where(
     machine_tmp: Path,
     other_user: OtherUser,
-    tmp_path: Path,
+    cache_home: Path,
     serve: ServeProcess.Factory,
     project: Path,
 ) -> None:
     squat = machine_tmp / f"hotreload-{os.getuid()}"
     assert other_user.run("mkdir", "-m", "0777", str(squat)).returncode == 0
-    cache = tmp_path / "cache"
-    env = {"TMPDIR": str(machine_tmp), "XDG_CACHE_HOME": str(cache)}
+    env = {"TMPDIR": str(machine_tmp), "XDG_CACHE_HOME": str(cache_home)}
     session = serve(project, env=env)
     notes = [line for line in session.lines if "note:" in line and str(squat) in line]
-    assert len(notes) == 1 and str(cache / "hotreload" / "run") in notes[0], session.output
+    assert len(notes) == 1 and str(cache_home / "hotreload" / "run") in notes[0], session.output
     status = subprocess.run(
         [sys.executable, "-m", "hotreload", "status", "--config", str(project)],
         capture_output=True, text=True, timeout=60, env={**os.environ, **env},

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from hotreload.errors import ProtocolError
-from hotreload.protocol import (
-    decode_tensors,
-    encode_tensors,
+from hotreload.protocol.framing import (
+    SocketFrameReader,
     pack_frame,
     read_frame,
     read_frame_sync,
+    send_frame,
     unpack_body,
 )
-from hotreload.protocol.framing import SocketFrameReader, send_frame
+from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
 
 def test_frame_round_trip_over_a_socket() -> None:

@@ -664,7 +664,7 @@ def test_stop_during_a_hand_over_answers_the_requests_and_leaves_no_worker(
 
     from hotreload.config import load_config
     from hotreload.engine.session import Session
-    from hotreload.protocol import encode_tensors
+    from hotreload.protocol.tensors import encode_tensors
 
     config_path = make_project(tmp_path)
     folder = config_path.parent

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from hotreload.engine.event_kinds import LockWait
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import unchanged
 from hotreload.protocol.ops import WorkerOp
@@ -92,9 +93,9 @@ async def test_a_build_waiting_for_the_lock_emits_who_holds_it_before_it_ends(ma
                 break
             await asyncio.sleep(0.01)
         assert not reload.done()
-        waits = [e for e in sup.seen if e["kind"] == "lock_wait"]  # type: ignore[attr-defined]
-        assert len(waits) == 1 and "held by pid" in waits[0]["message"], waits
-        assert "model 'other'" in waits[0]["message"]
+        waits = [e for e in sup.seen if isinstance(e, LockWait)]  # type: ignore[attr-defined]
+        assert len(waits) == 1 and "held by pid" in waits[0].message, waits
+        assert "model 'other'" in waits[0].message
     outcome = await asyncio.wait_for(reload, 10)
     assert outcome.ok and outcome.version == 2 and outcome.phases["lock"] > 0
     assert WorkerOp.LOAD in script.ops(script.workers[0].pid)

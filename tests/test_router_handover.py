@@ -1,7 +1,7 @@
 """The router's hand-over: the new worker gets requests once the old one has finished its
 own (or after HANDOVER_HOLD_S), so two serving processes never share the serving CPUs.
 
-The worker is a recorder at the router's one seam (`alive`, `send_with_callback`): these
+The worker is a recorder at the router's one seam (`alive`, `submit`): these
 tests decide when each reply comes, which a real worker process cannot be told to do to the
 millisecond. The same hand-over runs end to end in test_reload.py and test_cpus.py.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hotreload.engine.router import HANDOVER_HOLD_S, ModelRouter
-from hotreload.engine.worker_proc import WorkerDied
+from hotreload.engine.worker_port import WorkerDied
 from hotreload.protocol.framing import Frame
 
 
@@ -25,7 +25,7 @@ class RecordingWorker:
     def __init__(self) -> None:
         self.sent: list[Callable[[Frame | None, BaseException | None], None]] = []
 
-    def send_with_callback(self, header: dict[str, Any], blobs: list[Any], on_reply: Any) -> bool:
+    def submit(self, header: dict[str, Any], blobs: list[Any], on_reply: Any) -> bool:
         self.sent.append(on_reply)
         return True
 

@@ -28,7 +28,7 @@ from hotreload.errors import (
     RequestTimeoutError,
     WorkerUnavailableError,
 )
-from hotreload.protocol import pack_frame, read_frame_sync
+from hotreload.protocol.framing import pack_frame, read_frame_sync
 from tests.support import make_project, wait_until
 
 SLOW_MODEL = '''

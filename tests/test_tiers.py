@@ -8,11 +8,18 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import REPO
 
 
 def _pytest(*args: str, tier: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HOTRELOAD_TEST_TIER"}
+    # A run of its own: not this one's tier, nor (under `-n`) this xdist worker's identity.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "HOTRELOAD_TEST_TIER" and not k.startswith("PYTEST_XDIST")
+    }
     if tier is not None:
         env["HOTRELOAD_TEST_TIER"] = tier
     return subprocess.run(
@@ -21,12 +28,18 @@ def _pytest(*args: str, tier: str | None) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_a_test_that_starts_a_worker_fails_in_the_quick_tier_saying_what_to_do() -> None:
-    test = (
-        "tests/hardening/test_oom_choice.py"
-        "::test_a_served_worker_sits_above_its_manager_for_the_oom_killer"
-    )
-    out = _pytest(test, tier="quick")
+STARTS_A_WORKER = (
+    "tests/hardening/test_oom_choice.py"
+    "::test_a_served_worker_sits_above_its_manager_for_the_oom_killer"
+)
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one-process", "xdist"])
+def test_a_test_that_starts_a_worker_fails_in_the_quick_tier_saying_what_to_do(
+    workers: list[str],
+) -> None:
+    """Also on a pytest-xdist worker (the tier runs `-n`): the guard is set up there too."""
+    out = _pytest(*workers, STARTS_A_WORKER, tier="quick")
     assert out.returncode != 0, out.stdout
     assert "starts a real worker process" in out.stdout, out.stdout[-3000:]
     assert "REAL_FILES in tests/conftest.py" in out.stdout

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from hotreload.config import ModelConfig, load_config
+from hotreload.engine.event_kinds import BaseEvent, FileUnused
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.used_files import tried_imports
 from hotreload.engine.watcher import Change, FileWatcher
-from hotreload.engine.worker_proc import WorkerReplyError
+from hotreload.engine.worker_port import WorkerReplyError
 from tests.test_watcher import _until, run
 
 TWO = """
@@ -46,7 +47,7 @@ def project(tmp_path: Path, extra_b: str = "") -> Path:
 async def _watch(config: Path, used: dict[str, set[str] | None], slow: set[str] | None = None):  # type: ignore[no-untyped-def]
     cfg = load_config(config)
     events = EventBus(None)
-    seen: list[dict] = []
+    seen: list[BaseEvent] = []
     events.subscribe(seen.append)
     changes: list[Change] = []
     gate = asyncio.Event()
@@ -92,7 +93,7 @@ def test_a_save_reloads_the_models_that_use_the_file(tmp_path: Path) -> None:
                 if name != "client.py":
                     await _until(lambda n=n: len(changes) > n, name)
                 else:
-                    await _until(lambda: any(e["kind"] == "file_unused" for e in seen), name)
+                    await _until(lambda: any(isinstance(e, FileUnused) for e in seen), name)
                 await asyncio.sleep(0.15)  # one flush each
                 steps.append(routed(changes[n:]))
             (proj / "client.py").write_text("# saved again\n")
@@ -112,7 +113,7 @@ def test_a_save_reloads_the_models_that_use_the_file(tmp_path: Path) -> None:
         [("b", ["labels.txt"], False)],  # b lists data/ in `watch`: everything there
         [],  # nobody imports the client script
     ]
-    unused = [e["path"] for e in seen if e["kind"] == "file_unused"]
+    unused = [e.path for e in seen if isinstance(e, FileUnused)]
     assert unused == [str(proj / "client.py")], "once per file, not once per save"
     assert [c.model for c in changes if any(p.name == "notes.md" for p in c.paths)] == ["a"]
 
@@ -143,7 +144,7 @@ def test_a_file_a_running_reload_starts_to_use_reloads_again_and_is_not_unused(
 
     changes, seen = run(main())
     assert routed(changes) == [("a", ["a.py"], False), ("a", ["extra.py"], False)]
-    assert not [e for e in seen if e["kind"] == "file_unused"]
+    assert not [e for e in seen if isinstance(e, FileUnused)]
 
 
 def test_a_failed_build_names_the_files_it_tried_through_every_wrapper() -> None:

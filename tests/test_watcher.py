@@ -13,6 +13,7 @@ import pytest
 
 from hotreload.config import load_config
 from hotreload.engine import watcher as watcher_mod
+from hotreload.engine.event_kinds import BaseEvent, WatchError, Watching, WatchResumed, WatchWaiting
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.watcher import Change, FileWatcher
@@ -27,7 +28,7 @@ async def watching(config: Path, actions, *, settle: float = 1.5, poll: bool | N
     """Start a watcher, run `actions` (a sync function) in a thread, collect changes."""
     cfg = load_config(config)
     events = EventBus(None)
-    seen_events: list[dict] = []
+    seen_events: list[BaseEvent] = []
     events.subscribe(seen_events.append)
     changes: list[Change] = []
 
@@ -165,9 +166,9 @@ def test_inotify_limit_falls_back_to_polling_and_says_what_to_do(
         model.write_text(model.read_text() + "\n# polled\n")
 
     changes, events = run(watching(config, edit, settle=1.0))
-    errors = [e["error"] for e in events if e["kind"] == "watch_error"]
+    errors = [e.error for e in events if isinstance(e, WatchError)]
     assert errors and "fs.inotify.max_user_watches" in errors[0] and "polling" in errors[0]
-    assert [e["mode"] for e in events if e["kind"] == "watching"] == ["polling"]
+    assert [e.mode for e in events if isinstance(e, Watching)] == ["polling"]
     assert [p.name for c in changes for p in c.paths] == ["model.py"]
 
 
@@ -190,16 +191,16 @@ def test_unreadable_folder_is_reported_not_fatal(
         lambda p, mode: False if Path(p) == secret.resolve() else real_access(p, mode),
     )
     _, events = run(watching(config, lambda: None, settle=0.1))
-    errors = [e["error"] for e in events if e["kind"] == "watch_error"]
+    errors = [e.error for e in events if isinstance(e, WatchError)]
     assert any("cannot read folder" in e and "secret" in e and "permissions" in e for e in errors)
-    (watching_event,) = [e for e in events if e["kind"] == "watching"]
-    assert str(config.parent.resolve()) in watching_event["paths"]
+    (watching_event,) = [e for e in events if isinstance(e, Watching)]
+    assert str(config.parent.resolve()) in watching_event.paths
 
 
-async def _watcher(config: Path) -> tuple[FileWatcher, list[Change], list[dict]]:
+async def _watcher(config: Path) -> tuple[FileWatcher, list[Change], list[BaseEvent]]:
     cfg = load_config(config)
     events = EventBus(None)
-    seen: list[dict] = []
+    seen: list[BaseEvent] = []
     events.subscribe(seen.append)
     changes: list[Change] = []
 
@@ -265,7 +266,7 @@ def test_pause_edit_resume_applies_the_edit_and_counts_it_while_paused(tmp_path:
     config = make_project(tmp_path)
     model = config.parent / "model.py"
 
-    async def main() -> tuple[list[Change], list[dict], int]:
+    async def main() -> tuple[list[Change], list[BaseEvent], int]:
         w, changes, seen = await _watcher(config)
         await w.start()
         try:
@@ -284,9 +285,9 @@ def test_pause_edit_resume_applies_the_edit_and_counts_it_while_paused(tmp_path:
     changes, seen, waiting_after = run(main())
     assert [(c.model, [p.name for p in c.paths]) for c in changes] == [("mlp", ["model.py"])]
     assert waiting_after == 0
-    assert [e["waiting"] for e in seen if e["kind"] == "watch_waiting"] == [1]
-    (resumed,) = [e for e in seen if e["kind"] == "watch_resumed"]
-    assert resumed["waiting"] == 1
+    assert [e.waiting for e in seen if isinstance(e, WatchWaiting)] == [1]
+    (resumed,) = [e for e in seen if isinstance(e, WatchResumed)]
+    assert resumed.waiting == 1
 
 
 def test_an_edit_undone_while_paused_waits_no_more(tmp_path: Path) -> None:

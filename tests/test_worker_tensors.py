@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hotreload.protocol import encode_tensors
 from hotreload.protocol.framing import aligned_buffer
-from hotreload.protocol.tensors import WIRE_DTYPES
+from hotreload.protocol.tensors import WIRE_DTYPES, encode_tensors
 from hotreload.worker.inputs import request_tensors
 
 

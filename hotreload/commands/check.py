@@ -26,12 +26,13 @@ from hotreload.commands.check_results import (
     report_json,
 )
 from hotreload.config import Config, ModelConfig, load_config
+from hotreload.engine.event_kinds import BaseEvent, LockWait
 from hotreload.engine.events import EventBus
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
 from hotreload.engine.signature import describe_dynamic, stand_in_inputs
 from hotreload.engine.stats import percentile
-from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerReplyError
+from hotreload.engine.worker_port import WorkerDied, WorkerReplyError
 from hotreload.errors import ClientError, ConfigError, HotreloadError
 from hotreload.exitcodes import (
     EXIT_ENVIRONMENT,
@@ -43,6 +44,7 @@ from hotreload.exitcodes import (
 )
 from hotreload.paths import ensure_state_dir, write_private_file
 from hotreload.preflight import preflight
+from hotreload.protocol.messages import StatusReply, StatusRequest
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
 MIB = 2**20
@@ -57,11 +59,10 @@ def _mib(n: float) -> str:
     return f"{n / MIB:.1f} MiB"
 
 
-def _memory_figure(status: dict[str, Any]) -> tuple[str, int]:
-    alloc = status.get("allocator")
-    if alloc:
-        return "torch allocated", int(alloc["allocated_bytes"])
-    return "worker RSS", int(status.get("rss_bytes") or 0)
+def _memory_figure(status: StatusReply | None) -> tuple[str, int]:
+    if status is not None and status.allocator:
+        return "torch allocated", int(status.allocator["allocated_bytes"])
+    return "worker RSS", status.rss_bytes if status is not None else 0
 
 
 def _example_request(view: Any, resize: bool = False) -> tuple[dict[str, Any], bytes]:
@@ -123,11 +124,11 @@ class ModelCheck:
         self._add(Step(name, True, time.monotonic() - t0, detail, figures))
         return result
 
-    def _say_wait(self, event: dict[str, Any]) -> None:
+    def _say_wait(self, event: BaseEvent) -> None:
         """A reload waiting for its device's lock is said at once, with the holder: a check
         silent for half a minute reads as a hang."""
-        if event.get("kind") == "lock_wait":
-            line = f"{event.get('model')}: {event.get('message')}"
+        if isinstance(event, LockWait):
+            line = f"{event.model}: {event.message}"
             if self.progress is not None:
                 self.progress.note(line)
             else:
@@ -287,11 +288,11 @@ class ModelCheck:
         await self.step("xid", xids())
         self._write_record(list(host.view.outputs))
 
-    async def _settled_status(self, host: Any) -> dict[str, Any]:
+    async def _settled_status(self, host: Any) -> StatusReply | None:
         worker = host.worker
         if worker is None:
-            return {}
-        return await worker.request(WorkerOp.STATUS, 30.0, collect=True)
+            return None
+        return await worker.status(StatusRequest(collect=True), 30.0)
 
     async def _burst(self, host: Any) -> tuple[str, dict[str, Any], None]:
         n = self.config.check.burst_requests

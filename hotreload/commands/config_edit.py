@@ -17,7 +17,7 @@ from typing import Protocol
 
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.event_kinds import ConfigChanged
-from hotreload.engine.model.settings_change import Settings, apply, classify
+from hotreload.engine.model.settings_change import Settings, classify
 from hotreload.engine.session import Session
 from hotreload.engine.watcher import FileWatcher
 
@@ -88,7 +88,8 @@ async def apply_edit(ws: WatchSession, new: Config) -> None:
     plan = plan_edit(ws.config, new)
     ws.session.events.emit(ConfigChanged(detail=plan.message(ws.config.path.name)))
     for m in plan.live:
-        apply(ws.session.models[m.name], _settings(ws, m))
+        s = _settings(ws, m)
+        ws.session.models[m.name].use_settings(s)
         await _serving_with(ws, m)
     await asyncio.gather(*(_reload(ws, m, keys) for m, keys in plan.reloads))
 

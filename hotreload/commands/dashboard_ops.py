@@ -21,6 +21,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from hotreload.engine.endpoint import Push
+from hotreload.engine.event_kinds import BaseEvent
+from hotreload.engine.events import as_dict
 from hotreload.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -37,9 +39,10 @@ WORKER_STATUS_MAX_AGE_S = 2.0
 Reply = tuple[dict[str, Any], list[Any]]
 
 
-def _plain(event: dict[str, Any]) -> dict[str, Any]:
-    """The event as plain JSON values (paths and the like as strings), as events.jsonl has it."""
-    return json.loads(json.dumps(event, default=str))
+def _plain(event: BaseEvent) -> dict[str, Any]:
+    """The event as a wire dict of plain JSON values (paths and the like as strings), as
+    events.jsonl has it: the one place the stream leaves the process."""
+    return json.loads(json.dumps(as_dict(event), default=str))
 
 
 def _http_url(front_ends: list[Any]) -> str | None:
@@ -61,7 +64,7 @@ def register(ws: WatchSession) -> None:
             push({"ok": True, "event": _plain(event), "replayed": True})
         stop: list[Callable[[], None]] = []
 
-        def forward(event: dict[str, Any]) -> None:
+        def forward(event: BaseEvent) -> None:
             if not push({"ok": True, "event": _plain(event)}) and stop:
                 stop[0]()  # the subscriber went away (or stopped reading)
 

@@ -8,202 +8,183 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from hotreload.colour import paint, wants_colour
+from hotreload.engine import event_kinds as ev
 from hotreload.engine.telemetry import describe_xid_sources
 
 #: The colour of an event's first line in a terminal (a traceback below it is dimmed).
-EVENT_STYLES = {
-    "ready": "green",
-    "reload_done": "green",
-    "worker_restarted": "green",
-    "start_failed": "bold red",
-    "reload_failed": "bold red",
-    "restart_failed": "red",
-    "wedged": "bold red",
-    "worker_died": "red",
-    "config_error": "red",
-    "watch_error": "red",
-    "snapshot_rewritten": "yellow",
-    "cpus_failed": "yellow",
-    "watch_paused": "yellow",
-    "watch_waiting": "yellow",
+EVENT_STYLES: dict[type[ev.BaseEvent], str] = {
+    ev.Ready: "green",
+    ev.ReloadDone: "green",
+    ev.WorkerRestarted: "green",
+    ev.StartFailed: "bold red",
+    ev.ReloadFailed: "bold red",
+    ev.RestartFailed: "red",
+    ev.Wedged: "bold red",
+    ev.WorkerDied: "red",
+    ev.ConfigError: "red",
+    ev.WatchError: "red",
+    ev.SnapshotRewritten: "yellow",
+    ev.CpusFailed: "yellow",
+    ev.WatchPaused: "yellow",
+    ev.WatchWaiting: "yellow",
 }
 
 
-Formatter = Callable[[dict[str, Any]], str]
-
-
-def _m(e: dict[str, Any]) -> str:
-    return e.get("model", "")
+#: A formatter takes the event of the class it is filed under (FORMATTERS): `Any` here, as
+#: a mapping cannot tie each value's parameter to its key.
+Formatter = Callable[[Any], str]
 
 
 def _plural(n: int) -> str:
     return f"{n} change{'s' if n != 1 else ''}"
 
 
-def _with_traceback(text: str, e: dict[str, Any]) -> str:
-    return text + ("\n" + e["traceback"].rstrip() if e.get("traceback") else "")
+def _with_traceback(text: str, traceback: str | None) -> str:
+    return text + ("\n" + traceback.rstrip() if traceback else "")
 
 
-def _ready(e: dict[str, Any]) -> str:
+def _ready(e: ev.Ready) -> str:
     return (
-        f"{_m(e)}: v{e['version']} ready on {e.get('device')} "
-        f"(load {e.get('load_s', 0):.2f} s, warm-up {e.get('warm_s', 0):.2f} s, "
-        f"worker pid {e.get('pid')})"
-        + (f"; inputs {e['inputs']}" if e.get("inputs") else "")
-        + _weights(e)
+        f"{e.model}: v{e.version} ready on {e.device} "
+        f"(load {e.load_s:.2f} s, warm-up {e.warm_s:.2f} s, worker pid {e.pid})"
+        + (f"; inputs {e.inputs}" if e.inputs else "")
+        + _weights(e.digest)
     )
 
 
-def _weights(e: dict[str, Any]) -> str:
+def _weights(digest: str | None) -> str:
     """`; weights sha256:d513bd5d`: which weights serve (the digest's first 8 hex digits;
     the whole one is in `hotreload status` and each reply)."""
-    digest = e.get("digest")
     return f"; weights {digest[:15]}" if isinstance(digest, str) else ""
 
 
-def _standby_ready(e: dict[str, Any]) -> str:
-    how = f" (kept after {e.get('after') or 'serving'})" if e.get("recycled") else ""
-    return f"{_m(e)}: standby worker pid {e.get('pid')}{how} ready for the next reload"
+def _standby_ready(e: ev.StandbyReady) -> str:
+    how = f" (kept after {e.after or 'serving'})" if e.recycled else ""
+    return f"{e.model}: standby worker pid {e.pid}{how} ready for the next reload"
 
 
-def _phase_end(e: dict[str, Any]) -> str:
+def _phase_end(e: ev.PhaseEnd) -> str:
     # Its first line only: a failure's detail is the error the reload's FAILED line prints
     # whole next (a size mismatch runs to a line per tensor, and read twice over).
-    first, _, more = str(e.get("detail") or "").partition("\n")
+    first, _, more = (e.detail or "").partition("\n")
     extra = f" - {first}{' …' if more.strip() else ''}" if first else ""
-    status = "ok" if e.get("ok", True) else "FAILED"
-    if e.get("skipped"):
+    status = "ok" if e.ok else "FAILED"
+    if e.skipped:
         status = "skipped"
+    return f"{e.model}:   {e.phase:<7} {e.duration_s * 1000:8.1f} ms  {status}{extra}"
+
+
+def _reload_done(e: ev.ReloadDone) -> str:
+    if e.unchanged:
+        return f"{e.model}: {e.unchanged}"
     return (
-        f"{_m(e)}:   {e.get('phase'):<7} {e.get('duration_s', 0) * 1000:8.1f} ms  {status}{extra}"
+        f"{e.model}: reload -> v{e.version} ok in {e.total_s:.2f} s "
+        f"({e.policy}, {e.strategy}){_weights(e.digest)}"
+        + (f"; inputs changed: {e.inputs_changed}" if e.inputs_changed else "")
     )
 
 
-def _watch_resumed(e: dict[str, Any]) -> str:
-    n = e.get("waiting", 0)
+def _watch_resumed(e: ev.WatchResumed) -> str:
+    n = e.waiting
     return "watcher resumed" + (f": reloading {_plural(n)} made while paused" if n else "")
 
 
-def _rewarm_done(e: dict[str, Any]) -> str:
-    passes = ", ".join(f"{p:.1f}" for p in e.get("passes_ms", [])[:5])
-    return f"{_m(e)}: warm-up re-run in {e.get('warm_s', 0) * 1000:.0f} ms ({passes} ms)"
+def _rewarm_done(e: ev.RewarmDone) -> str:
+    passes = ", ".join(f"{p:.1f}" for p in e.passes_ms[:5])
+    return f"{e.model}: warm-up re-run in {e.warm_s * 1000:.0f} ms ({passes} ms)"
 
 
-#: kind -> its plain-mode line. A kind of engine/event_kinds.py is here or in SILENT_KINDS
-#: (tests/test_printer.py).
-FORMATTERS: dict[str, Formatter] = {
+#: Event class -> its plain-mode line. A kind of engine/event_kinds.py is here or in
+#: SILENT_KINDS (tests/test_printer.py).
+FORMATTERS: dict[type[ev.BaseEvent], Formatter] = {
     # A model's worker
-    "ready": _ready,
-    "model_note": lambda e: f"{_m(e)}: note: {e.get('message')}",
-    "start_failed": lambda e: _with_traceback(
-        f"{_m(e)}: failed to start in {e.get('phase') or 'start'}: {e.get('error')}", e
+    ev.Ready: _ready,
+    ev.ModelNote: lambda e: f"{e.model}: note: {e.message}",
+    ev.StartFailed: lambda e: _with_traceback(
+        f"{e.model}: failed to start in {e.phase or 'start'}: {e.error}", e.traceback
     ),
-    "worker_died": lambda e: (
-        f"{_m(e)}: worker pid {e.get('pid')} died ({e.get('reason')}); restarting"
+    ev.WorkerDied: lambda e: f"{e.model}: worker pid {e.pid} died ({e.reason}); restarting",
+    ev.StandbyReady: _standby_ready,
+    ev.SnapshotRewritten: lambda e: f"{e.model}: warning: {e.message}",
+    ev.WeightsOverride: lambda e: f"{e.model}: warning: {e.message}",
+    ev.CheckpointWait: lambda e: f"{e.model}: {e.message}",
+    ev.LockWait: lambda e: f"{e.model}: {e.message}",
+    ev.RecycleDisabled: lambda e: (
+        f"{e.model}: {e.reason}; from now on each standby is a fresh process"
     ),
-    "standby_ready": _standby_ready,
-    "snapshot_rewritten": lambda e: f"{_m(e)}: warning: {e.get('message')}",
-    "weights_override": lambda e: f"{_m(e)}: warning: {e.get('message')}",
-    "checkpoint_wait": lambda e: f"{_m(e)}: {e.get('message')}",
-    "lock_wait": lambda e: f"{_m(e)}: {e.get('message')}",
-    "recycle_disabled": lambda e: (
-        f"{_m(e)}: {e.get('reason')}; from now on each standby is a fresh process"
+    ev.StandbyFailed: lambda e: (
+        f"{e.model}: standby worker did not start ({e.error}); reloads spawn one"
     ),
-    "standby_failed": lambda e: (
-        f"{_m(e)}: standby worker did not start ({e.get('error')}); reloads spawn one"
+    ev.WorkerRestarted: lambda e: f"{e.model}: worker restarted (pid {e.pid}, v{e.version})",
+    ev.RestartFailed: lambda e: (
+        f"{e.model}: restart attempt {e.attempt} failed in {e.phase}: {e.error}"
     ),
-    "worker_restarted": lambda e: (
-        f"{_m(e)}: worker restarted (pid {e.get('pid')}, v{e.get('version')})"
-    ),
-    "restart_failed": lambda e: (
-        f"{_m(e)}: restart attempt {e.get('attempt')} failed in {e.get('phase')}: {e.get('error')}"
-    ),
-    "wedged": lambda e: (
-        f"{_m(e)}: WEDGED in {e.get('phase')}: {e.get('detail')}; killing the worker"
-    ),
-    "rewarm_done": _rewarm_done,
-    "cpus_failed": lambda e: f"{_m(e)}: warning: worker pid {e.get('pid')}: {e.get('detail')}",
-    "gpu_reset": lambda e: (
-        f"{_m(e)}: GPU reset {'done' if e.get('ok') else 'not done'}: {e.get('message')}"
-    ),
+    ev.Wedged: lambda e: f"{e.model}: WEDGED in {e.phase}: {e.detail}; killing the worker",
+    ev.RewarmDone: _rewarm_done,
+    ev.CpusFailed: lambda e: f"{e.model}: warning: worker pid {e.pid}: {e.detail}",
+    ev.GpuReset: lambda e: f"{e.model}: GPU reset {'done' if e.ok else 'not done'}: {e.message}",
     # Reloads
-    "reload_requested": lambda e: (
-        f"{_m(e)}: reload requested by {e.get('trigger')}"
-        + (f" ({e['detail']})" if e.get("detail") else "")
+    ev.ReloadRequested: lambda e: (
+        f"{e.model}: reload requested by {e.trigger}" + (f" ({e.detail})" if e.detail else "")
     ),
-    "policy": lambda e: f"{_m(e)}: policy {e.get('policy')} ({e.get('reason')})",
-    "phase_end": _phase_end,
-    "reload_done": lambda e: (
-        f"{_m(e)}: {e['unchanged']}"
-        if e.get("unchanged")
-        else f"{_m(e)}: reload -> v{e.get('version')} ok in {e.get('total_s', 0):.2f} s "
-        f"({e.get('policy')}, {e.get('strategy')}){_weights(e)}"
-        + (f"; inputs changed: {e['inputs_changed']}" if e.get("inputs_changed") else "")
-    ),
-    "reload_failed": lambda e: _with_traceback(
-        f"{_m(e)}: reload FAILED in {e.get('phase')}: {e.get('error')} "
-        f"- v{e.get('version')} keeps serving",
-        e,
+    ev.Policy: lambda e: f"{e.model}: policy {e.policy} ({e.reason})",
+    ev.PhaseEnd: _phase_end,
+    ev.ReloadDone: _reload_done,
+    ev.ReloadFailed: lambda e: _with_traceback(
+        f"{e.model}: reload FAILED in {e.phase}: {e.error} - v{e.version} keeps serving",
+        e.traceback,
     ),
     # The watcher
-    "watch_error": lambda e: f"watcher: {e.get('error')}",
-    "file_unused": lambda e: (
-        f"watcher: {e.get('path')} is not used by any model: nothing reloads (list it in a "
+    ev.WatchError: lambda e: f"watcher: {e.error}",
+    ev.FileUnused: lambda e: (
+        f"watcher: {e.path} is not used by any model: nothing reloads (list it in a "
         "model's `watch` if its build reads it)"
     ),
-    "watch_paused": lambda e: "watcher paused: edits are not reloaded until it resumes",
-    "watch_waiting": lambda e: (
-        f"watcher paused: {_plural(e.get('waiting', 0))} waiting (applied on resume)"
-    ),
-    "watch_resumed": _watch_resumed,
-    "watching": lambda e: (
-        f"watching {', '.join(e.get('paths', []))} (quiet {e.get('quiet_ms')} ms)"
-    ),
+    ev.WatchPaused: lambda e: "watcher paused: edits are not reloaded until it resumes",
+    ev.WatchWaiting: lambda e: f"watcher paused: {_plural(e.waiting)} waiting (applied on resume)",
+    ev.WatchResumed: _watch_resumed,
+    ev.Watching: lambda e: f"watching {', '.join(e.paths)} (quiet {e.quiet_ms} ms)",
     # Session, config, front ends
-    "config_error": lambda e: f"config error: {e.get('error')}",
-    "config_changed": lambda e: str(e.get("detail")),
-    "http_started": lambda e: (
-        f"http: listening on {e.get('url')}\nhttp: metrics on {e.get('metrics_url')}"
-    ),
-    "cpus": lambda e: f"cpus: {e.get('detail')}",
-    "events_file_error": lambda e: "warning: " + str(e.get("message")),
-    "events_file_resumed": lambda e: str(e.get("message")),
+    ev.ConfigError: lambda e: f"config error: {e.error}",
+    ev.ConfigChanged: lambda e: e.detail,
+    ev.HttpStarted: lambda e: f"http: listening on {e.url}\nhttp: metrics on {e.metrics_url}",
+    ev.Cpus: lambda e: f"cpus: {e.detail}",
+    ev.EventsFileError: lambda e: f"warning: {e.message}",
+    ev.EventsFileResumed: lambda e: e.message,
     # The GPU
-    "gpu_unavailable": lambda e: f"no GPU data: {e.get('reason')}",
-    "xid_sources": lambda e: "Xid sources: " + describe_xid_sources(e.get("sources", [])),
-    "xid": lambda e: (
-        f"Xid {e.get('xid')} ({e.get('name')}, {e.get('severity')}) on {e.get('pci')}: "
-        f"{e.get('action')}"
-    ),
+    ev.GpuUnavailable: lambda e: f"no GPU data: {e.reason}",
+    ev.XidSources: lambda e: "Xid sources: " + describe_xid_sources(e.sources),
+    ev.Xid: lambda e: f"Xid {e.xid} ({e.name}, {e.severity}) on {e.pci}: {e.action}",
 }
 
-#: Kinds plain mode does not print (tests/test_printer.py: every kind is here or above).
-SILENT_KINDS = frozenset(
+#: Event classes plain mode does not print (tests/test_printer.py: every kind is here or
+#: above).
+SILENT_KINDS: frozenset[type[ev.BaseEvent]] = frozenset(
     {
         # Too chatty for a log: each state change, phase start, debounce window.
-        "state",
-        "phase_start",
-        "change_detected",
-        "rewarm_started",
+        ev.State,
+        ev.PhaseStart,
+        ev.ChangeDetected,
+        ev.RewarmStarted,
         # Said by another line: `ready`, `watching` or `http_started`; the command's exit;
         # the dashboard's own (it publishes `session_lost`).
-        "session_started",
-        "worker_started",
-        "session_stopping",
-        "session_stopped",
-        "session_lost",
+        ev.SessionStarted,
+        ev.WorkerStarted,
+        ev.SessionStopping,
+        ev.SessionStopped,
+        ev.SessionLost,
         # Trouble that has never had a line of its own (a restart, or the reload's outcome,
         # follows the first two; nothing says the third): candidates for one.
-        "worker_lost",
-        "restore_failed",
-        "snapshot_skipped",
+        ev.WorkerLost,
+        ev.RestoreFailed,
+        ev.SnapshotSkipped,
     }
 )
 
 
-def format_event(e: dict[str, Any]) -> str | None:
+def format_event(e: ev.BaseEvent) -> str | None:
     """The line to print for an event, or None for events too chatty for plain mode."""
-    formatter = FORMATTERS.get(str(e.get("kind")))
+    formatter = FORMATTERS.get(type(e))
     return None if formatter is None else formatter(e)
 
 
@@ -216,16 +197,15 @@ class PlainPrinter:
         #: None: colour when `out` is a terminal and NO_COLOR is unset.
         self.colour = wants_colour(self.out) if colour is None else colour
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def __call__(self, event: ev.BaseEvent) -> None:
         line = format_event(event)
         if line is None:
             return
         if self.colour:
             head, _, rest = line.partition("\n")
-            line = paint(head, EVENT_STYLES.get(str(event.get("kind"))), True)
+            line = paint(head, EVENT_STYLES.get(type(event)), True)
             if rest:
                 line += "\n" + paint(rest, "dim", True)
         if self.timestamps:
-            stamp = time.strftime("%H:%M:%S", time.localtime(event.get("ts", time.time())))
-            line = f"{stamp} {line}"
+            line = f"{time.strftime('%H:%M:%S', time.localtime(event.ts))} {line}"
         print(line, file=self.out, flush=True)

@@ -14,12 +14,11 @@ import threading
 from typing import Any
 
 from hotreload.client import AsyncClient
+from hotreload.engine.event_kinds import CheckpointWait, LockWait
+from hotreload.engine.events import typed
 from hotreload.exitcodes import EXIT_FAILURE, EXIT_OK
-from hotreload.protocol import Frame
+from hotreload.protocol.framing import Frame
 from hotreload.session_call import call_session
-
-#: Event kinds said at once while `hotreload reload` waits: why it has not answered yet.
-_WAIT_KINDS = frozenset({"lock_wait", "checkpoint_wait"})
 
 
 def format_outcome(o: dict[str, Any]) -> str:
@@ -71,11 +70,14 @@ class WaitNotes:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
 
         def on_frame(frame: Frame | None) -> None:
-            event = frame.header.get("event") if frame is not None else None
-            if not isinstance(event, dict) or frame is None or frame.header.get("replayed"):
+            wire = frame.header.get("event") if frame is not None else None
+            if not isinstance(wire, dict) or frame is None or frame.header.get("replayed"):
                 return
-            if event.get("kind") in _WAIT_KINDS and self.model in (None, event.get("model")):
-                print(f"{event.get('model')}: {event.get('message')}", file=sys.stderr, flush=True)
+            # Said at once while the reload waits: why it has not answered yet.
+            match typed(wire):
+                case LockWait(model=m, message=message) | CheckpointWait(model=m, message=message):
+                    if self.model in (None, m):
+                        print(f"{m}: {message}", file=sys.stderr, flush=True)
 
         client = AsyncClient(self.config)
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.engine.event_kinds import (
+    BaseEvent,
     PhaseEnd,
     ReloadDone,
     ReloadFailed,
@@ -86,10 +87,10 @@ def read_log(state_dir: Path) -> Log:
     events = _read_jsonl(state_dir / "events.jsonl")
     samples = _read_jsonl(state_dir / STATS_FILE)
     # The events as their classes (engine/event_kinds.py), each with its time, in file order.
-    seen = [(float(e["ts"]), ev) for e in events if (ev := typed(e)) is not None]
+    seen = [ev for e in events if (ev := typed(e)) is not None]
     reloads = []
     since: dict[str, int] = {}  # model -> index in `seen` just after its last reload's end
-    for i, (end, e) in enumerate(seen):
+    for i, e in enumerate(seen):
         if not isinstance(e, (ReloadDone, ReloadFailed)):
             continue
         total = float(e.total_s or 0.0)
@@ -97,7 +98,7 @@ def read_log(state_dir: Path) -> Log:
             model=e.model,
             ok=isinstance(e, ReloadDone),
             version=int(e.version or 0),
-            started=end - total,
+            started=e.ts - total,
             total_s=total,
             trigger=e.trigger or "",
             error=e.error,
@@ -105,12 +106,12 @@ def read_log(state_dir: Path) -> Log:
         )
         # Its phases: those of its model since the model's previous reload ended. A time
         # window alone took the previous reload's last phase (its digest, a ms earlier).
-        for ts, p in seen[since.get(r.model, 0) : i]:
+        for p in seen[since.get(r.model, 0) : i]:
             if not isinstance(p, PhaseEnd) or p.model != r.model:
                 continue
             dur = float(p.duration_s or 0.0)
-            if r.started - 0.01 <= ts - dur and ts <= end + 0.01:
-                r.phases.append((p.phase, max(0.0, ts - dur - r.started), dur, p.ok is not False))
+            if r.started - 0.01 <= p.ts - dur and p.ts <= e.ts + 0.01:
+                r.phases.append((p.phase, max(0.0, p.ts - dur - r.started), dur, p.ok is not False))
         since[r.model] = i + 1
         reloads.append(r)
     times = [float(e["ts"]) for e in events] + [float(s["ts"]) for s in samples]
@@ -130,20 +131,18 @@ def read_log(state_dir: Path) -> Log:
     return log
 
 
-def _session_bounds(
-    seen: list[tuple[float, Any]], log: Log
-) -> list[tuple[float, float, int | None]]:
+def _session_bounds(seen: list[BaseEvent], log: Log) -> list[tuple[float, float, int | None]]:
     """(begin, end, pid) of each session. A session writes its start-up lines (CPUs, GPU,
     Xid sources, HTTP) just before its `session_started`: it begins at the first line after
     the previous session's `session_stopped` (at its own `session_started` after a crash,
     which wrote no stop), and the first one at the files' first line."""
     starts: list[tuple[float, int | None]] = []
     after_stop: float | None = log.start  # where lines that open a session begin
-    for i, (ts, e) in enumerate(seen):
+    for i, e in enumerate(seen):
         if isinstance(e, SessionStopped):
-            after_stop = seen[i + 1][0] if i + 1 < len(seen) else None
+            after_stop = seen[i + 1].ts if i + 1 < len(seen) else None
         elif isinstance(e, SessionStarted):
-            starts.append((ts if after_stop is None else min(after_stop, ts), e.pid))
+            starts.append((e.ts if after_stop is None else min(after_stop, e.ts), e.pid))
             after_stop = None
     if not starts or log.start < starts[0][0]:
         starts.insert(0, (log.start, None))  # lines from before the first recorded start

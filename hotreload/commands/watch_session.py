@@ -14,8 +14,7 @@ from hotreload.commands.config_edit import apply_edit
 from hotreload.commands.serve import http_front_ends
 from hotreload.config import Config, load_config
 from hotreload.engine import event_kinds
-from hotreload.engine.event_kinds import ReloadDone, StartFailed
-from hotreload.engine.events import typed
+from hotreload.engine.event_kinds import BaseEvent, ReloadDone, StartFailed
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.session import Session
 from hotreload.engine.used_files import files_used
@@ -45,12 +44,12 @@ class WatchSession:
         self.start_error: dict[str, str] | None = None
         self.session.events.subscribe(self._on_event)
 
-    def _on_event(self, event: dict[str, Any]) -> None:
+    def _on_event(self, event: BaseEvent) -> None:
         # A model that failed at start and then came up (a save, `hotreload reload`, an
         # HTTP load): the session is no longer in a failed start, for a dashboard
         # attaching now as for the one already open.
         if (
-            isinstance(typed(event), ReloadDone)
+            isinstance(event, ReloadDone)
             and self.start_state == "failed"
             and all(h.state == "serving" for h in self.session.models.values())
         ):

@@ -55,9 +55,6 @@ LOCATOR_SIZE = 20
 #: The EOCD ends with a comment of at most 65535 bytes: the record lies in this tail.
 ZIP_TAIL = EOCD_SIZE + 0xFFFF
 
-#: What identifies one version of a file: a replaced file has a new inode, a written one
-#: a new size or mtime.
-Signature = FileStamp
 P = TypeVar("P", bound=str | os.PathLike[str])
 
 
@@ -67,23 +64,19 @@ def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
     return _inspect(path)[0]
 
 
-def _inspect(path: str | os.PathLike[str]) -> tuple[str | None, Signature | None]:
+def _inspect(path: str | os.PathLike[str]) -> tuple[str | None, FileStamp | None]:
     try:
         with open(path, "rb") as f:
             # fstat, not stat: the size must be the one of the file being read, even when
             # the path is replaced meanwhile.
             st = os.fstat(f.fileno())
-            return _problem(f, st.st_size, os.fspath(path)), _signature(st)
+            return _problem(f, st.st_size, os.fspath(path)), FileStamp.of_stat(st)
     except FileNotFoundError:
         return "missing", None
     except IsADirectoryError:
         return "is a folder, not a file", None
     except OSError as e:
         return f"cannot be read: {e.strerror or e}", None
-
-
-def _signature(st: os.stat_result) -> Signature:
-    return FileStamp.of_stat(st)
 
 
 def _problem(f: BinaryIO, size: int, name: str) -> str | None:
@@ -224,7 +217,7 @@ class _Seen:
     """One path's latest look, and since when (loop time) it has not changed."""
 
     problem: str | None
-    signature: Signature | None
+    signature: FileStamp | None
     since: float
     #: Its content changed while watched (not just: it was replaced by a new file).
     changed: bool = False
@@ -232,19 +225,19 @@ class _Seen:
 
 def _observe(
     path: str | os.PathLike[str], last: _Seen | None
-) -> tuple[str | None, Signature | None]:
+) -> tuple[str | None, FileStamp | None]:
     # A stat first: while a file stays the same its verdict does too, so a complete file
     # waiting for its stability window (or for another file) costs one stat per poll.
     try:
         st = os.stat(path)
     except OSError:
         return _inspect(path)  # says "missing" or why it cannot be read
-    if last is not None and last.signature == _signature(st):
+    if last is not None and last.signature == FileStamp.of_stat(st):
         return last.problem, last.signature
     return _inspect(path)
 
 
-def _observe_all(paths: list[P], seen: dict[P, _Seen]) -> list[tuple[str | None, Signature | None]]:
+def _observe_all(paths: list[P], seen: dict[P, _Seen]) -> list[tuple[str | None, FileStamp | None]]:
     return [_observe(p, seen.get(p)) for p in paths]
 
 
@@ -290,7 +283,8 @@ async def wait_until_complete(
                 continue
             # Same inode, new size or mtime: being written right now. A new inode is a
             # replace (the atomic save), which only restarts the stability window.
-            growing = _same_inode(last.signature if last else None, signature)
+            was = last.signature if last else None
+            growing = was is not None and was.same_file(signature)
             seen[p] = _Seen(problem, signature, now, growing or bool(last and last.changed))
             if growing and problem is None:
                 problem = f"still being written: it keeps changing ({_size(signature)})"
@@ -304,10 +298,6 @@ async def wait_until_complete(
         await asyncio.sleep(min(poll_s, deadline - now))
 
 
-def _same_inode(a: Signature | None, b: Signature | None) -> bool:
-    return a is not None and a.same_file(b)
-
-
 def _open_problem(s: _Seen, now: float, stable_s: float) -> str | None:
     """What is still open at the deadline: a problem, or a change inside the window. A
     window the deadline cut short, with no change in it, does not hold a file back."""
@@ -318,5 +308,5 @@ def _open_problem(s: _Seen, now: float, stable_s: float) -> str | None:
     return f"still being written: it changed less than {stable_s:g} s ago ({_size(s.signature)})"
 
 
-def _size(signature: Signature | None) -> str:
+def _size(signature: FileStamp | None) -> str:
     return f"{_amount(signature.size)} so far" if signature else "gone"

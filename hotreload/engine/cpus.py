@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -70,22 +71,12 @@ class CpuPlan:
 
 def format_cpus(cpus: Iterable[int]) -> str:
     """{0, 1, 2, 5} -> "0-2,5" (the kernel's own list format, as `taskset -c` takes it)."""
-    out: list[str] = []
-    run: list[int] = []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(_span(run))
-        run = [c]
-    if run:
-        out.append(_span(run))
+    out = []
+    # Consecutive CPUs share their distance from their rank in the sorted list.
+    for _, run in itertools.groupby(enumerate(sorted(cpus)), key=lambda rc: rc[1] - rc[0]):
+        first, *rest = (c for _, c in run)
+        out.append(f"{first}-{rest[-1]}" if rest else str(first))
     return ",".join(out)
-
-
-def _span(run: list[int]) -> str:
-    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
 
 
 def available_cpus() -> frozenset[int]:
@@ -118,7 +109,6 @@ def plan_cpus(
 ) -> CpuPlan:
     """Claim serving CPUs for each model (see the module docstring). Raises ConfigError for
     an explicit list this machine cannot honour."""
-    models = list(models)
     plan = CpuPlan()
     wanted = [m for m in models if m.cpus != "off"]
     if not wanted:
@@ -243,9 +233,6 @@ def _claim_auto(
     plan.claims.extend(got.values())
     taken.update(got)
     plan.serving[m.name] = frozenset(got)
-
-
-# ---------------------------------------------------------------------- applying it
 
 
 def pin_process(pid: int, cpus: frozenset[int]) -> bool:

@@ -3,22 +3,25 @@
 `EventBus.emit("ready", model=..., ...)` (or `emit(Ready(model=..., ...))`) builds the
 dataclass registered for the kind (engine/events.py `build`), so a kind nobody declared, a
 field the kind does not declare, or a required field left out raises TypeError at the call,
-naming kind and field: a typo fails a test instead of printing nothing. `events.as_dict` is
-the one serialisation, `{"ts", "kind", fields...}` in declaration order: what subscribers
-receive and one events.jsonl line holds. An optional field (default None) that is None is
-left out, a required one is always there. `events.from_dict` gives the dataclass back.
+naming kind and field: a typo fails a test instead of printing nothing. Subscribers receive
+the dataclass itself and match on its class; every event carries `ts`, when it was made.
+`events.as_dict` is the one serialisation, for the edges only (an events.jsonl line, the
+socket's `events` stream): `{"ts", "kind", fields...}` in declaration order. An optional
+field (default None) that is None is left out, a required one is always there.
+`events.from_dict` gives the dataclass back (the remote dashboard, `hotreload report`).
 
 Adding a kind:
   1. Write a class below, in the group it belongs to, decorated `@event("the_kind")` (a
      frozen, keyword-only dataclass; the kind must be new: a second one fails at import),
      subclassing `ModelEvent` when it is about one model (it gets `model: str`), else
      `BaseEvent`. Fields hold JSON values (str, int, float, bool, lists and dicts of them);
-     one that may be None is typed `X | None = None`. `ts` and `kind` are not field names.
+     one that may be None is typed `X | None = None`. `kind` is not a field name, nor `ts`
+     (every event has it, from BaseEvent).
   2. Emit it: `events.emit("the_kind", model=..., ...)` or `events.emit(TheKind(...))`.
   3. Plain mode: give it a formatter in commands/printer.py's `FORMATTERS`, or list it in
      `SILENT_KINDS` there (tests/test_printer.py fails until it is one or the other). The
-     dashboard (tui/app.py, tui/state.py) and /metrics (http/metrics.py) switch on the kind
-     strings too: see whether they should show it.
+     dashboard (tui/app.py, tui/state.py) and /metrics (http/metrics.py) match on the
+     classes too: see whether they should show it.
   tests/test_event_kinds.py reads every `emit("kind", ...)`, `emit(Kind(...))` and
   `set_state(...)` in hotreload/ and checks kind and keywords against this registry (a call
   site and its dataclass cannot drift apart), and fails for a kind nothing makes.
@@ -29,23 +32,30 @@ Engine code that imports only the standard library (no torch, textual, pynvml or
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 #: kind -> its dataclass (filled by `@event`).
 EVENT_TYPES: dict[str, type[BaseEvent]] = {}
-#: Keys of an event dict that are not fields.
+#: Keys of an event dict that are not fields of its kind.
 RESERVED = frozenset({"ts", "kind"})
 
 E = TypeVar("E", bound="BaseEvent")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BaseEvent:
     """An event. Its class says `kind`, its field names in order and the required ones."""
 
     kind: ClassVar[str]
     field_names: ClassVar[tuple[str, ...]] = ()
     required_fields: ClassVar[frozenset[str]] = frozenset()
+    #: When it happened (epoch seconds): when it was made, as the engine emits an event as
+    #: it makes it; a reader of events.jsonl or of the socket passes the line's own. Not a
+    #: field of the kind (`field_names`), and no part of equality: two events that say the
+    #: same thing are equal whenever they were said.
+    ts: float = dataclasses.field(default_factory=time.time, compare=False, repr=False)
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
@@ -56,7 +66,8 @@ def event(kind: str) -> Callable[[type[E]], type[E]]:
         if not kind or kind in EVENT_TYPES:
             raise TypeError(f"event kind {kind!r} is empty or declared twice ({cls.__name__})")
         made = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-        fields = dataclasses.fields(made)
+        # BaseEvent's `ts` (the very field object, inherited) is every event's, no kind's.
+        fields = [f for f in dataclasses.fields(made) if f is not _TS]
         bad = {f.name for f in fields} & {*RESERVED, "field_names", "required_fields"}
         if bad:
             raise TypeError(f"event {kind!r}: {sorted(bad)} cannot be field names")
@@ -71,6 +82,9 @@ def event(kind: str) -> Callable[[type[E]], type[E]]:
         return made
 
     return register
+
+
+_TS = BaseEvent.__dataclass_fields__["ts"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,8 @@
 """The event stream: every phase, outcome and error, to subscribers and to events.jsonl.
 
-Subscribers are plain callables run on the event loop (the dashboard posts a message, the
-plain printer writes a line); a subscriber that raises is dropped from nothing and logged,
-because one broken consumer must not stop a reload.
+Subscribers are plain callables run on the event loop (the metrics count, the plain printer
+writes a line); a subscriber that raises is dropped from nothing and logged, because one
+broken consumer must not stop a reload.
 
 events.jsonl is written one whole line at a time. A full disk (or any write error) is said
 once, as an `events_file_error` event and a line on stderr; the lines that could not be
@@ -11,8 +11,10 @@ once a write succeeds they follow in order, after an `events_file_resumed` line 
 many were lost. A write cut short is undone, so a reader never meets half a line.
 
 Every event is a dataclass of engine/event_kinds.py, built by `build` (an unknown kind or
-field raises TypeError) and serialised by `as_dict`, once, for the subscribers and the file
-alike. `from_dict` gives a subscriber (or a reader of the file) the dataclass back.
+field raises TypeError), carrying its time (`ts`). Subscribers receive that object and match
+on its class. The dict form exists only at the edges: `as_dict` makes an events.jsonl line
+(and the socket's `events` stream, commands/dashboard_ops.py), `from_dict` reads one back
+(the remote dashboard, `hotreload report`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,7 @@ from hotreload.engine.event_kinds import (
 )
 from hotreload.paths import ensure_state_dir, open_private
 
-Event = dict[str, Any]
-Subscriber = Callable[[Event], None]
+Subscriber = Callable[[BaseEvent], None]
 #: `os.write`'s shape: the one seam a test replaces to play a full disk.
 Writer = Callable[[int, bytes], int]
 #: Lines kept while the file cannot be written (older ones are counted, then dropped).
@@ -46,9 +46,9 @@ MAX_PENDING_LINES = 1000
 # ------------------------------------------------------------------ one event, typed and serialised
 
 
-def build(kind: str, fields: dict[str, Any]) -> BaseEvent:
-    """The event of `kind` with `fields`; TypeError names an unknown kind, a field the kind
-    does not declare, or a required one missing."""
+def build(kind: str, fields: dict[str, Any], ts: float | None = None) -> BaseEvent:
+    """The event of `kind` with `fields`, made now or at `ts`; TypeError names an unknown
+    kind, a field the kind does not declare, or a required one missing."""
     cls = EVENT_TYPES.get(kind)
     if cls is None:
         raise TypeError(
@@ -64,7 +64,7 @@ def build(kind: str, fields: dict[str, Any]) -> BaseEvent:
     for name in cls.field_names:
         if name in cls.required_fields and name not in fields:
             raise TypeError(f"event {kind!r} needs the field {name!r}")
-    return cls(**fields)
+    return cls(**fields) if ts is None else cls(**fields, ts=ts)
 
 
 def fields_of(event: BaseEvent) -> dict[str, Any]:
@@ -77,16 +77,16 @@ def fields_of(event: BaseEvent) -> dict[str, Any]:
     return out
 
 
-def as_dict(event: BaseEvent, ts: float) -> dict[str, Any]:
-    """The event as subscribers get it and events.jsonl stores it."""
-    return {"ts": ts, "kind": event.kind, **fields_of(event)}
+def as_dict(event: BaseEvent) -> dict[str, Any]:
+    """The event as events.jsonl stores it and the socket's `events` stream sends it."""
+    return {"ts": event.ts, "kind": event.kind, **fields_of(event)}
 
 
 def from_dict(event: dict[str, Any], *, strict: bool = True) -> BaseEvent:
-    """The dataclass for an event dict (a subscriber's, or a line of events.jsonl).
-    `strict=False` drops keys the kind does not declare (a file an older or newer hotreload
-    wrote; the dashboard's `replayed` mark) and sets those it lacks to None, instead of
-    raising TypeError."""
+    """The dataclass for an event dict (a line of events.jsonl, or of the socket's `events`
+    stream), with the line's `ts` (now, if it has none). `strict=False` drops keys the kind
+    does not declare (a file an older or newer hotreload wrote) and sets those it lacks to
+    None, instead of raising TypeError."""
     kind = str(event.get("kind"))
     fields = {k: v for k, v in event.items() if k not in RESERVED}
     cls = EVENT_TYPES.get(kind)
@@ -94,13 +94,15 @@ def from_dict(event: dict[str, Any], *, strict: bool = True) -> BaseEvent:
         # A reader is lenient both ways: fields it does not know go, fields the line lacks
         # (an older hotreload wrote it) are None.
         fields = {k: fields.get(k) for k in cls.field_names}
-    return build(kind, fields)
+    ts = event.get("ts")
+    return build(kind, fields, float(ts) if isinstance(ts, (int, float)) else None)
 
 
 def typed(event: dict[str, Any]) -> BaseEvent | None:
-    """The dataclass of an event dict as a subscriber gets it (or a line of events.jsonl),
-    for consumers to match on its class; None for a kind this hotreload does not know (a
-    file a newer one wrote) or fields that do not fit it."""
+    """The dataclass of an event dict from an edge (a line of events.jsonl, a frame of the
+    socket's `events` stream), for readers to match on its class; None for a kind this
+    hotreload does not know (a file or a session a newer one wrote) or fields that do not
+    fit it."""
     try:
         return from_dict(event, strict=False)
     except TypeError:
@@ -187,7 +189,7 @@ class EventBus:
         self, jsonl_path: Path | None = None, keep: int = 2000, *, write: Writer = os.write
     ) -> None:
         self._subscribers: list[Subscriber] = []
-        self.recent: deque[Event] = deque(maxlen=keep)
+        self.recent: deque[BaseEvent] = deque(maxlen=keep)
         #: What `emit_once` has said (kind and fields).
         self._said_once: set[tuple[Any, ...]] = set()
         self._file: EventFile | None = None
@@ -199,7 +201,7 @@ class EventBus:
         self._subscribers.append(fn)
         return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
 
-    def emit_once(self, kind: str | BaseEvent, **fields: Any) -> Event | None:
+    def emit_once(self, kind: str | BaseEvent, **fields: Any) -> BaseEvent | None:
         """`emit`, unless an event of this kind with these fields was emitted before by
         `emit_once` (a note a model's every version would repeat)."""
         event = _typed(kind, fields)
@@ -209,15 +211,14 @@ class EventBus:
         self._said_once.add(key)
         return self.emit(event)
 
-    def emit(self, kind: str | BaseEvent, **fields: Any) -> Event:
+    def emit(self, kind: str | BaseEvent, **fields: Any) -> BaseEvent:
         """Build the event (`emit("ready", model=..., ...)`, or `emit(Ready(...))`), keep
-        it, write it to events.jsonl and hand its dict to every subscriber. TypeError for a
-        kind or a field that engine/event_kinds.py does not declare."""
-        event = as_dict(_typed(kind, fields), time.time())
+        it, write it to events.jsonl and hand it to every subscriber. TypeError for a kind
+        or a field that engine/event_kinds.py does not declare."""
+        event = _typed(kind, fields)
         self.recent.append(event)
         if self._file is not None:
-            line = (json.dumps(event, default=str) + "\n").encode()
-            change = self._file.append(line)
+            change = self._file.append(_line(event))
             if change is not None:
                 self._file_changed(*change)
         self._publish(event)
@@ -233,17 +234,17 @@ class EventBus:
             )
             if not self._subscribers:  # else the printer or the dashboard says it
                 print(f"hotreload: {message}", file=sys.stderr)
-            self._publish(as_dict(EventsFileError(message=message), time.time()))
+            self._publish(EventsFileError(message=message))
             return
         message = f"writing {path} again" + (
             f"; {detail} event(s) were lost while it could not be written" if detail else ""
         )
-        note = as_dict(EventsFileResumed(lost=int(detail), message=message), time.time())
+        note = EventsFileResumed(lost=int(detail), message=message)
         # In the file too: a reader of it sees where lines went missing.
-        self._file.append((json.dumps(note) + "\n").encode())
+        self._file.append(_line(note))
         self._publish(note)
 
-    def _publish(self, event: Event) -> None:
+    def _publish(self, event: BaseEvent) -> None:
         for fn in list(self._subscribers):
             try:
                 fn(event)
@@ -254,6 +255,11 @@ class EventBus:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _line(event: BaseEvent) -> bytes:
+    """The event's events.jsonl line (a Path or the like in a field is written as text)."""
+    return (json.dumps(as_dict(event), default=str) + "\n").encode()
 
 
 def _typed(kind: str | BaseEvent, fields: dict[str, Any]) -> BaseEvent:

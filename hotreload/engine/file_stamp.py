@@ -1,12 +1,11 @@
-"""What says a file is unchanged, in one place: the watcher, the snapshot, a build's
-"weights files unchanged, share the serving tensors", and the checkpoint check all ask it.
+"""Whether a file is unchanged, in one place: the watcher, the snapshot, a build's "weights
+files unchanged, share the serving tensors", and the checkpoint check all ask it.
 
-A file's stamp is its device, inode, size and modification time. Any save changes one of
-them: a write in place moves the modification time (and usually the size), a save by
-rename brings a new inode. Not the change time: a hard link to the file moves it without
-changing a byte, and the snapshot links every large weights file on every reload (which once
-kept a large model from ever sharing its weights). Content hashes are the watcher's business
-for small files only; a stamp costs one stat.
+A file's stamp is its device, inode, size and modification time: a write in place moves the
+modification time (and usually the size), a save by rename brings a new inode. Not the
+change time: a hard link moves it without changing a byte, and the snapshot links every
+large weights file on every reload. A stamp costs one stat; content hashes are the
+watcher's, for small files only.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ watched tree would cause reload storms.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePath
 
 #: Folder names skipped anywhere in a path.
@@ -71,13 +72,8 @@ class IgnoreRules:
         if any(d == path or d in path.parents for d in self.dirs):
             return True
         if self.globs:
-            rel = PurePath(name)
-            if root is not None:
-                try:
-                    rel = path.relative_to(root)
-                except ValueError:
-                    rel = PurePath(name)
-            text = rel.as_posix()
+            inside = root is not None and path.is_relative_to(root)
+            text = (path.relative_to(root) if inside else PurePath(name)).as_posix()
             for g in self.globs:
                 if fnmatch.fnmatchcase(text, g) or fnmatch.fnmatchcase(name, g):
                     return True
@@ -85,3 +81,13 @@ class IgnoreRules:
                 if g.endswith("/**") and (text == g[:-3] or text.startswith(g[:-2])):
                     return True
         return False
+
+    def files_under(
+        self, root: Path, onerror: Callable[[OSError], None] | None = None
+    ) -> Iterator[Path]:
+        """The files under folder `root` that are not ignored; an ignored folder is not
+        entered (it is ignored as a file in it would be)."""
+        for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
+            here = Path(dirpath)
+            dirnames[:] = [d for d in dirnames if not self.ignored(here / d / "x", root)]
+            yield from (here / n for n in filenames if not self.ignored(here / n, root))

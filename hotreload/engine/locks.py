@@ -37,26 +37,17 @@ LOCK_DIR_ENV = "HOTRELOAD_LOCK_DIR"
 
 
 def default_lock_dir() -> Path:
-    env = os.environ.get(LOCK_DIR_ENV)
-    if env:
-        return Path(env)
-    return user_runtime_dir() / "locks"
-
-
-def ensure_lock_dir(folder: Path) -> Path:
-    """Create the lock folder 0700 (and the per-user folder it is in), or refuse one that is
-    a symbolic link or belongs to someone else, saying what to do."""
-    fix = f"remove it, or point {LOCK_DIR_ENV} at a folder of your own"
-    runtime = user_runtime_dir()
-    if folder.parent == runtime:
-        ensure_private_dir(runtime, fix)
-    return ensure_private_dir(folder, fix)
+    return Path(os.environ.get(LOCK_DIR_ENV) or user_runtime_dir() / "locks")
 
 
 def open_lock_file(folder: Path, key: str) -> int:
-    """A descriptor on the lock file for `key` (created 0600). Never follows a symbolic link
-    and refuses a file that is not a plain one of ours."""
-    ensure_lock_dir(folder)
+    """A descriptor on the lock file for `key` (created 0600, in `folder`, created 0700 with
+    the per-user folder it is in). Never follows a symbolic link and refuses a file or
+    folder that is not a plain one of ours, saying what to do."""
+    fix = f"remove it, or point {LOCK_DIR_ENV} at a folder of your own"
+    if folder.parent == user_runtime_dir():
+        ensure_private_dir(folder.parent, fix)
+    ensure_private_dir(folder, fix)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
     path = folder / f"{safe}.lock"
     try:
@@ -79,20 +70,15 @@ def open_lock_file(folder: Path, key: str) -> int:
     return fd
 
 
+#: Longest holder text kept in a lock file (pid, model and config path).
+_HOLDER_BYTES = 1024
+
+
 def mark_holder(fd: int, holder: str | None = None) -> None:
     """Write who holds the lock (default: this pid) into its file, for "waiting for" lines."""
     os.ftruncate(fd, 0)
     text = holder if holder is not None else str(os.getpid())
     os.pwrite(fd, text.encode(errors="replace")[:_HOLDER_BYTES], 0)
-
-
-#: Longest holder text kept in a lock file (pid, model and config path).
-_HOLDER_BYTES = 1024
-
-
-def shares_across_sessions(key: str) -> bool:
-    """Whether reloads on `key` wait for other sessions' too: a GPU's do, the CPU's do not."""
-    return key != "cpu"
 
 
 class DeviceLocks:
@@ -115,11 +101,6 @@ class DeviceLocks:
         self._local: dict[str, asyncio.Lock] = {}
         #: key -> who holds it in this process (the model), for a model waiting behind it.
         self._holders: dict[str, str] = {}
-
-    def _lock(self, key: str) -> asyncio.Lock:
-        if key not in self._local:
-            self._local[key] = asyncio.Lock()
-        return self._local[key]
 
     def describe(self, model: str | None) -> str:
         parts = [f"pid {os.getpid()}"]
@@ -151,7 +132,7 @@ class DeviceLocks:
             told = True
             on_wait(f"waiting for the {key} reload lock, held by {holder or 'another process'}")
 
-        local = self._lock(key)
+        local = self._local.setdefault(key, asyncio.Lock())
         notice: asyncio.Task[None] | None = None
         if local.locked():
             contended = True  # waiters are served in turn, and told at tell_after_s
@@ -171,7 +152,7 @@ class DeviceLocks:
             # Named before any wait for the file lock: a model of this session waiting behind
             # it learns who holds the lock here, even while that one waits for another session.
             self._holders[key] = self.describe(model)
-            if shares_across_sessions(key):
+            if key != "cpu":  # across sessions for a GPU only (the module says why)
                 fd = await asyncio.to_thread(open_lock_file, self.folder, key)
                 while True:
                     try:

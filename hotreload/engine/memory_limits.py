@@ -49,10 +49,11 @@ def _int(text: str | None) -> int | None:
 
 
 def _stat_field(text: str | None, name: str) -> int:
+    """The number after `name` on its line ("oom_kill 3", "VmHWM:  1234 kB"), or 0."""
     for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == name:
-            return _int(value) or 0
+        words = line.split()
+        if len(words) > 1 and words[0] == name:
+            return _int(words[1]) or 0
     return 0
 
 
@@ -66,11 +67,8 @@ def rss_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
 
 def peak_rss_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
     """The highest RSS `pid` has had (VmHWM), or None."""
-    for line in (_read(proc / str(pid) / "status") or "").splitlines():
-        if line.startswith("VmHWM:"):
-            kib = _int(line.split()[1]) if len(line.split()) > 1 else None
-            return kib * 1024 if kib else None
-    return None
+    kib = _stat_field(_read(proc / str(pid) / "status"), "VmHWM:")
+    return kib * 1024 if kib else None
 
 
 def oom_kills(proc: Path = Path("/proc")) -> int | None:

@@ -60,8 +60,8 @@ def _refuse(message: str) -> BadRequestError:
     return BadRequestError(f"update_weights: {message}")
 
 
-def check_descriptor(descriptor: Any, peer_pid: int | None) -> None:
-    """The descriptor's fields, and that its memfd is the sender's own (BadRequestError)."""
+async def intake(descriptor: Any, peer_pid: int | None) -> CheckedPush:
+    """Check a push and take the session's own reference to its memfd (see the module)."""
     if peer_pid is None:
         raise _refuse(
             "the session could not tell which process sent this push (no peer credentials "
@@ -71,6 +71,20 @@ def check_descriptor(descriptor: Any, peer_pid: int | None) -> None:
         validate_descriptor(descriptor, peer_pid=peer_pid)
     except ValueError as exc:
         raise _refuse(str(exc)) from None
+    if not descriptor["tensors"]:
+        # An empty push changes nothing: it must not make a new version (under strict too).
+        raise _refuse("the pushed state holds no tensor; push the tensors to change")
+    state = dict(descriptor)
+    if not state.get("path"):
+        return CheckedPush(state, None)
+    try:
+        fd = await asyncio.wait_for(
+            asyncio.to_thread(_open_checked, state["path"], state["memfd_name"]), OPEN_TIMEOUT_S
+        )
+    except TimeoutError:
+        raise _refuse(f"opening {state['path']} did not finish in {OPEN_TIMEOUT_S} s") from None
+    state["path"] = f"/proc/{os.getpid()}/fd/{fd}"
+    return CheckedPush(state, fd)
 
 
 def _open_checked(path: str, memfd_name: str) -> int:
@@ -117,23 +131,3 @@ def _check_opened(fd: int, path: str, want: str) -> None:
             f"{path} is not sealed against writes and resizes; pack the state with "
             "pack_state, which seals it"
         )
-
-
-async def intake(descriptor: Any, peer_pid: int | None) -> CheckedPush:
-    """Check a push and take the session's own reference to its memfd (see the module)."""
-    check_descriptor(descriptor, peer_pid)
-    if not descriptor["tensors"]:
-        # An empty push changes nothing, yet was built into a new version (even under
-        # strict, which asks for every tensor of the model).
-        raise _refuse("the pushed state holds no tensor; push the tensors to change")
-    state = dict(descriptor)
-    if not state.get("path"):
-        return CheckedPush(state, None)
-    try:
-        fd = await asyncio.wait_for(
-            asyncio.to_thread(_open_checked, state["path"], state["memfd_name"]), OPEN_TIMEOUT_S
-        )
-    except TimeoutError:
-        raise _refuse(f"opening {state['path']} did not finish in {OPEN_TIMEOUT_S} s") from None
-    state["path"] = f"/proc/{os.getpid()}/fd/{fd}"
-    return CheckedPush(state, fd)

@@ -27,7 +27,7 @@ from hotreload.engine.request_limits import (
 from hotreload.engine.stats import LatencyWindow, RequestCounters
 from hotreload.engine.text_stats import TextStats
 from hotreload.engine.worker_deaths import WorkerDeaths
-from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess
+from hotreload.engine.worker_port import Worker, WorkerDied
 from hotreload.errors import (
     BadRequestError,
     ClientError,
@@ -37,6 +37,7 @@ from hotreload.errors import (
     WorkerUnavailableError,
 )
 from hotreload.protocol.framing import Frame
+from hotreload.protocol.ops import WorkerOp
 
 #: A request whose worker died is sent once more to the restarted worker, then failed.
 MAX_ATTEMPTS = 2
@@ -68,7 +69,7 @@ class Request:
     #: A `text` op's request (completions, tokenizer), sent instead of a forward.
     text: dict[str, Any] | None = None
     #: The worker it was last sent to, and its place in that worker's line (send order).
-    sent_to: WorkerProcess | None = None
+    sent_to: Worker | None = None
     seq: int = 0
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
@@ -86,7 +87,7 @@ class ModelRouter:
     max_queue_size: int
     request_timeout_s: float
     max_inflight: int
-    worker: WorkerProcess | None = None
+    worker: Worker | None = None
     input_form: str = "single"
     input_signature: list[dict[str, Any]] = field(default_factory=list)
     counters: RequestCounters = field(default_factory=RequestCounters)
@@ -310,7 +311,7 @@ class ModelRouter:
                 header = {"op": WorkerOp.TEXT, "text": req.text, "deadline": req.deadline}
             elif req.parameters:
                 header["parameters"] = req.parameters
-            if not worker.send_with_callback(header, blobs, on_reply):
+            if not worker.submit(header, blobs, on_reply):
                 on_reply(None, WorkerDied(worker.exit_reason or "worker is not running"))
                 return
 
@@ -357,7 +358,7 @@ class ModelRouter:
                     req.finish(None, ModelError(message, err.get("traceback")))
         self.pump()
 
-    def hung_on(self, worker: WorkerProcess, forward_s: float) -> None:
+    def hung_on(self, worker: Worker, forward_s: float) -> None:
         """`worker` is about to be killed as wedged: when the oldest request it holds ran
         past `forward_s`, that one is told it hung (a 504) and the others it held are
         retried on the restarted worker (worker_deaths.py)."""
@@ -435,7 +436,12 @@ class ModelRouter:
         self.unavailable_reason = None
         self.pump()
 
-    def handover(self, worker: WorkerProcess) -> None:
+    def set_limits(self, max_queue_size: int, request_timeout_s: float, max_inflight: int) -> None:
+        """The model's limits, edited while it serves: applied to the next request."""
+        self.max_queue_size, self.request_timeout_s = max_queue_size, request_timeout_s
+        self.max_inflight = max_inflight
+
+    def handover(self, worker: Worker) -> None:
         """Send to `worker` from now on; requests in flight on the previous worker finish
         there first (`drain_previous` waits for them; one that dies is retried here), for
         at most HANDOVER_HOLD_S, then the new worker gets a full in-flight window."""

@@ -33,7 +33,6 @@ from hotreload.engine.model import ModelSupervisor, ReloadOutcome
 from hotreload.engine.push_intake import intake
 from hotreload.engine.stats_log import StatsRecorder
 from hotreload.engine.telemetry import GpuTelemetry
-from hotreload.engine.worker_proc import WorkerOp
 from hotreload.errors import BadRequestError
 from hotreload.paths import (
     ensure_state_dir,
@@ -42,6 +41,7 @@ from hotreload.paths import (
     write_private_file,
 )
 from hotreload.protocol.framing import Frame
+from hotreload.protocol.messages import WarmRequest
 
 
 class FrontEnd(Protocol):
@@ -82,11 +82,10 @@ class Session:
                 self.locks,
                 ignore=self.ignore_rules(m.ignore),
                 snapshot_dir=self.snapshot_dir,
+                escalate=self._escalate_wedge,
             )
             for m in config.models
         }
-        for sup in self.models.values():
-            sup.escalate = self._escalate_wedge
         self.telemetry = GpuTelemetry(
             self.events,
             own_pids=self.worker_pids,
@@ -316,10 +315,10 @@ class Session:
         """The latest GPU reading (`hotreload.gpu.nvml.GpuSnapshot`), or None."""
         return self.telemetry.snapshot
 
-    async def _escalate_wedge(self, host: ModelSupervisor) -> None:
-        """After a wedged worker was killed: a GPU reset, where `[gpu] reset` allows one."""
+    async def _escalate_wedge(self, model: str, device: str | None) -> None:
+        """After a wedged worker of `model` was killed: a GPU reset of the `device` it ran
+        on, where `[gpu] reset` allows one."""
         mode = self.config.gpu.reset
-        device = host.worker.device if host.worker else host.model.device
         if mode == "never" or not device or not device.startswith("cuda"):
             return
         from hotreload.gpu.reset import reset_on_wedge
@@ -328,7 +327,7 @@ class Session:
         if mode == "ask":
             self.events.emit(
                 GpuReset(
-                    model=host.name,
+                    model=model,
                     ok=False,
                     message=f"a GPU reset may help {device}: press x in the dashboard to review "
                     'and confirm it (reset = "ask")',
@@ -339,7 +338,7 @@ class Session:
             reset_on_wedge, mode, index, self.worker_pids(), list(self.telemetry.xids)
         )
         if result is not None:
-            self.events.emit(GpuReset(model=host.name, ok=result.ok, message=result.message))
+            self.events.emit(GpuReset(model=model, ok=result.ok, message=result.message))
 
     def ignore_rules(self, model_globs: tuple[str, ...] = ()) -> IgnoreRules:
         """What never triggers a reload (or goes into a snapshot) for a model."""
@@ -372,14 +371,11 @@ class Session:
         if host.worker is None or not host.worker.alive:
             raise BadRequestError(f"model {host.name!r} has no running worker to warm")
         self.events.emit(RewarmStarted(model=host.name))
-        r = await host.worker.request(
-            WorkerOp.WARM,
-            host.model.deadlines.warm_s,
-            target="current",
-            iters=host.model.warmup_iters,
+        r = await host.worker.warm(
+            WarmRequest("current", host.model.warmup_iters), host.model.deadlines.warm_s
         )
-        self.events.emit(RewarmDone(model=host.name, warm_s=r["warm_s"], passes_ms=r["passes_ms"]))
-        return r
+        self.events.emit(RewarmDone(model=host.name, warm_s=r.warm_s, passes_ms=r.passes_ms))
+        return r.wire()
 
     async def unload_model(self, name: str) -> None:
         await self.model(name).unload()

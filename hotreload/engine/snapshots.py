@@ -15,6 +15,7 @@ there, which is ours and never written to: a reload that changed one line copies
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -51,22 +52,16 @@ class Snapshot:
     weights: tuple[tuple[Path, Path], ...]
     #: When it was taken (time.time_ns(), the clock file times use).
     taken_ns: int = 0
-    #: Live file -> its signature when copied (see `_signature`).
-    sources: Mapping[Path, Signature] = field(default_factory=dict)
-    #: Large live files linked, not copied -> their signature when linked.
-    linked: Mapping[Path, Signature] = field(default_factory=dict)
+    #: Live file -> its stamp when copied.
+    sources: Mapping[Path, FileStamp] = field(default_factory=dict)
+    #: Large live files linked, not copied -> their stamp when linked.
+    linked: Mapping[Path, FileStamp] = field(default_factory=dict)
 
     def rewritten(self) -> list[Path]:
         """Linked files rewritten in place since: the bytes here are the new ones. (A file
-        replaced by a rename left the link, and its old bytes, alone.)"""
-        out = []
-        for path, sig in self.linked.items():
-            try:
-                if FileStamp.of_stat(os.stat(self.remap(path))) != sig:
-                    out.append(path)
-            except OSError:
-                out.append(path)  # our link is gone: nothing of the old bytes is left
-        return out
+        replaced by a rename left the link, and its old bytes, alone. A link that is gone
+        counts too: nothing of the old bytes is left.)"""
+        return [path for path, sig in self.linked.items() if FileStamp.of(self.remap(path)) != sig]
 
     def remap(self, path: Path) -> Path:
         for live, copy in self.weights:
@@ -115,15 +110,11 @@ def code_paths(
     return out
 
 
-#: A file as it was copied or linked (file_stamp.py: any write or rename changes it).
-Signature = FileStamp
-
-
 def _place(
     src: Path,
     dst: Path,
     budget: list[int],
-    snap: dict[str, dict[Path, Signature]],
+    snap: dict[str, dict[Path, FileStamp]],
     previous: Snapshot | None,
     settle_ns: int,
     *,
@@ -181,10 +172,8 @@ def private_dirs(folder: Path) -> None:
             break
         missing.append(p)
     for p in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):
             p.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
         os.chmod(p, 0o700)  # mkdir's mode passes through the umask
 
 
@@ -201,7 +190,7 @@ def take_snapshot(
     in a thread); files unchanged since `previous` are linked to its copies."""
     taken_ns = time.time_ns()
     budget = [0]
-    snap: dict[str, dict[Path, Signature]] = {"sources": {}, "linked": {}}
+    snap: dict[str, dict[Path, FileStamp]] = {"sources": {}, "linked": {}}
 
     adapter_files = {f for a in model.adapters for f in a.files}
 
@@ -220,13 +209,8 @@ def take_snapshot(
             if root.is_file():
                 place(root, copy)
                 continue
-            for dirpath, dirnames, filenames in os.walk(root):
-                here = Path(dirpath)
-                dirnames[:] = [d for d in dirnames if not rules.ignored(here / d / "x", root)]
-                for name in filenames:
-                    src = here / name
-                    if rules.ignored(src, root) or not src.is_file():
-                        continue
+            for src in rules.files_under(root):
+                if src.is_file():
                     place(src, copy / src.relative_to(root))
         weights: list[tuple[Path, Path]] = []
         for j, w in enumerate(model.weights):

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hotreload.engine.event_kinds import Ready, ReloadDone
-from hotreload.engine.events import typed
+from hotreload.engine.event_kinds import BaseEvent, Ready, ReloadDone
 from hotreload.engine.stats import percentile
 from hotreload.errors import HotreloadError
 from hotreload.paths import open_private
@@ -100,31 +99,31 @@ class StatsRecorder:
             "inflight": router.inflight,
         }
 
-    def _on_event(self, event: dict[str, Any]) -> None:
-        if not isinstance(typed(event), (Ready, ReloadDone)):
+    def _on_event(self, event: BaseEvent) -> None:
+        if not isinstance(event, (Ready, ReloadDone)):
             return
-        host = self.session.models.get(str(event.get("model")))
+        host = self.session.models.get(event.model)
         if host is None:
             return
-        task = asyncio.get_running_loop().create_task(self._memory(host, event))
+        task = asyncio.get_running_loop().create_task(self._memory(host, event.version))
         self._memory_tasks.add(task)
         task.add_done_callback(self._memory_tasks.discard)
 
-    async def _memory(self, host: Any, event: dict[str, Any]) -> None:
+    async def _memory(self, host: Any, version: int) -> None:
         await asyncio.sleep(0.2)  # the old version's release settles first
         try:
             status = await host.worker_status(max_age_s=0.0)
         except Exception:
             return  # the worker went away: no figure, nothing to say
-        alloc = (status or {}).get("allocator") or {}
+        alloc = (status.allocator if status is not None else None) or {}
         self._write(
             [
                 {
                     "ts": time.time(),
                     "kind": "memory",
                     "model": host.name,
-                    "version": event.get("version"),
-                    "rss_bytes": (status or {}).get("rss_bytes"),
+                    "version": version,
+                    "rss_bytes": status.rss_bytes if status is not None else None,
                     "allocated_bytes": alloc.get("allocated_bytes"),
                 }
             ]

@@ -64,14 +64,7 @@ class GpuTelemetry:
             self._monitor = XidMonitor(self._from_thread(self._on_xid), self.phase_of, **options)
             self._monitor.start()
             await asyncio.to_thread(self._monitor.wait_ready, 3.0)
-            self.events.emit(
-                XidSources(
-                    sources=[
-                        {"name": s.name, "active": s.active, "reason": s.reason}
-                        for s in self._monitor.sources
-                    ]
-                )
-            )
+            self.events.emit(XidSources(sources=self.xid_sources))
 
     def _from_thread(self, fn: Callable[[Any], None]) -> Callable[[Any], None]:
         def call(value: Any) -> None:

@@ -1,17 +1,16 @@
-"""What a model uses: the files whose edit reloads it (issue 28, "watch what the model uses").
+"""What a model uses: the files whose edit reloads it.
 
 A model reloads when a file its serving version imported changes (the worker names them
-after each build: `LoadReply.imports`, only files in the model's code folders, never
-site-packages or the standard library), when a file the config declares for it changes (its
-weights: `declared_files`), its entry or example file, or any file under a `watch` path the
-config lists itself (what the import graph cannot see: data read at build time). So two
-models in one folder reload each other only when one imports the other's code, and a client
-script saved beside them reloads nothing.
+after each build: `LoadReply.imports`, only files in the model's code folders), one of its
+weights files (`ModelConfig.weight_files`), its entry or example file, or any file under a
+`watch` path the config lists itself (what the import graph cannot see: data read at build
+time). So two models in one folder reload each other only when one imports the other's
+code, and a client script saved beside them reloads nothing.
 
-A model with no version loaded yet (its first start failed) has no import list: every file
-under its watch paths reloads it, as before. A build that failed keeps the last good list
-and adds the files it tried to import (`ModelRecord.tried_imports`): saving the fix of a
-new module that did not compile reloads the model.
+A model with no version loaded yet has no import list: every file under its watch paths
+reloads it. A failed build keeps the last good list and adds the files it tried to import
+(`ModelRecord.tried_imports`): saving the fix of a new module that did not compile reloads
+the model.
 """
 
 from __future__ import annotations
@@ -34,12 +33,6 @@ class _Record(Protocol):
     good_snapshot: Any
 
 
-def declared_files(model: ModelConfig) -> tuple[Path, ...]:
-    """Files the config says the model loads beside its code: an edit of one is a weights
-    reload (no re-import): its weights, and its peft adapters' two files each."""
-    return model.weight_files
-
-
 def watch_roots(model: ModelConfig) -> tuple[Path, ...]:
     """Where the model's files are looked for: its `watch` paths, and the folders its code
     is imported from whatever `watch` lists (the entry's, as the worker's code roots, and
@@ -60,7 +53,7 @@ def always_used(model: ModelConfig) -> frozenset[Path]:
     """Files a model uses whatever it imports: its entry and example files, and the
     config files beside its weights (an edit of one is a full reload: build() reads it)."""
     files = {p for p in (model.entry.file, model.example.file) if p is not None}
-    files.update(w.parent / name for w in declared_files(model) for name in BESIDE_WEIGHTS)
+    files.update(w.parent / name for w in model.weight_files for name in BESIDE_WEIGHTS)
     return frozenset(files)
 
 

@@ -13,15 +13,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
 
-from hotreload.protocol.ops import WorkerOp
-
-
-class _Worker(Protocol):
-    async def request(
-        self, op: WorkerOp, timeout_s: float | None = None, **fields: Any
-    ) -> dict[str, Any]: ...
+from hotreload.engine.worker_port import Worker
+from hotreload.protocol.messages import StatusRequest, WarmReply
 
 
 class WarmDeadlineError(Exception):
@@ -34,12 +28,11 @@ def progress_every_s(deadline_s: float) -> float:
     return min(10.0, max(deadline_s / 4, 0.2))
 
 
-async def _passes_done(worker: _Worker) -> list[float] | None:
+async def _passes_done(worker: Worker) -> list[float] | None:
     """The staged version's warm-up passes so far (ms each); None when the worker cannot
     say (busy past a second, or gone)."""
     with contextlib.suppress(Exception):
-        status = await worker.request(WorkerOp.STATUS, 1.0)
-        passes = status.get("staged_warm_passes_ms")
+        passes = (await worker.status(StatusRequest(), 1.0)).staged_warm_passes_ms
         return list(passes) if passes is not None else None
     return None
 
@@ -69,13 +62,13 @@ def deadline_message(deadline_s: float, iters: int, passes: list[float] | None) 
 
 
 async def wait_for_warm(
-    worker: _Worker,
-    warm: Awaitable[dict[str, Any]],
+    worker: Worker,
+    warm: Awaitable[WarmReply],
     *,
     deadline_s: float,
     iters: int,
     say: Callable[[str], None],
-) -> dict[str, Any]:
+) -> WarmReply:
     """Await the worker's warm-up reply, saying how far it got every `progress_every_s`;
     WarmDeadlineError past `deadline_s`."""
     task = asyncio.ensure_future(warm)

@@ -3,20 +3,13 @@ model uses), and the files no model uses, said once each."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotreload.config import Config, ModelConfig
 from hotreload.engine.ignore import IgnoreRules
-from hotreload.engine.used_files import (
-    always_used,
-    declared_files,
-    under,
-    used_folders,
-    watch_roots,
-)
+from hotreload.engine.used_files import always_used, under, used_folders, watch_roots
 
 #: A model's used files (used_files.files_used), or None: no version loaded yet, so every
 #: file under its watch paths reloads it.
@@ -34,11 +27,9 @@ class Change:
 
 
 class Routes:
-    """Routes a changed file to the models it reloads: a declared file (weights) to its
-    models as a weights reload; a file under a model's watch paths (not ignored) to it when
-    its version imported the file, the file is its entry, example or the config beside its
-    weights, lies under a `watch` path the config lists or its tokenizer's folder, or the
-    model has no version yet (used_files.py)."""
+    """Routes a changed file to the models it reloads: a weights file to its models as a
+    weights reload; a file under a model's watch paths (not ignored) to it when the model
+    uses it (used_files.py)."""
 
     def __init__(
         self,
@@ -47,7 +38,7 @@ class Routes:
         uses: UsesOf | None = None,
     ) -> None:
         self.config, self.rules, self.uses = config, rules, uses
-        self._declared = {m.name: set(declared_files(m)) for m in config.models}
+        self._declared = {m.name: set(m.weight_files) for m in config.models}
         self._always = {m.name: {p.resolve() for p in always_used(m)} for m in config.models}
         self._roots = {m.name: watch_roots(m) for m in config.models}
         self._folders = {m.name: tuple(p.resolve() for p in used_folders(m)) for m in config.models}
@@ -56,9 +47,7 @@ class Routes:
 
     def _root_of(self, m: ModelConfig, path: Path) -> Path | None:
         for root in self._roots[m.name]:
-            if (path == root or root in path.parents) and not self.rules[m.name].ignored(
-                path, root
-            ):
+            if under(path, [root]) and not self.rules[m.name].ignored(path, root):
                 return root
         return None
 
@@ -119,17 +108,9 @@ class Routes:
         the files in the watch paths (used by a model now or not: one may import it next)."""
         yield self.config.path
         for m in self.config.models:
-            yield from declared_files(m)
+            yield from m.weight_files
             for root in self._roots[m.name]:
                 if root.is_file():
                     yield root
-                    continue
-                for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
-                    here = Path(dirpath)
-                    dirnames[:] = [
-                        d for d in dirnames if not self.rules[m.name].ignored(here / d / "x", root)
-                    ]
-                    for name in filenames:
-                        p = here / name
-                        if not self.rules[m.name].ignored(p, root):
-                            yield p
+                else:
+                    yield from self.rules[m.name].files_under(root, walk_error)

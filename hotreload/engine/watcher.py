@@ -10,6 +10,7 @@ and more are compared by inode, size and times instead: see HASH_BELOW_BYTES).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import os
@@ -37,7 +38,7 @@ from hotreload.engine.event_kinds import (
 from hotreload.engine.events import EventBus
 from hotreload.engine.file_stamp import FileStamp
 from hotreload.engine.ignore import IgnoreRules
-from hotreload.engine.used_files import declared_files, watch_roots
+from hotreload.engine.used_files import under, watch_roots
 from hotreload.engine.watch_routes import Change, Routes, UsesOf
 
 INOTIFY_ADVICE = (
@@ -76,10 +77,6 @@ def _fingerprint(path: Path) -> _Fingerprint | None:
     except OSError:
         return None
     return _Fingerprint(FileStamp.of_stat(st), digest)
-
-
-def _digest(fp: _Fingerprint | None) -> str | None:
-    return fp.digest if fp else None
 
 
 class _Handler(FileSystemEventHandler):
@@ -156,15 +153,9 @@ class FileWatcher:
         folders: set[Path] = set()
         for m in self.config.models:
             folders.update(p if p.is_dir() else p.parent for p in watch_roots(m))
-            folders.update(w.parent for w in declared_files(m))
+            folders.update(w.parent for w in m.weight_files)
         # A folder inside another watched one is covered already.
         return sorted(f for f in folders if not any(o != f and o in f.parents for o in folders))
-
-    def _config_folder(self, roots: list[Path]) -> Path | None:
-        """The config file's folder when no recursive watch covers it (watched flat)."""
-        folder = self.config.path.parent
-        covered = any(folder == r or r in folder.parents for r in roots)
-        return None if covered else folder
 
     def _tracked_files(self) -> Iterable[Path]:
         return self.routes.tracked_files(self._walk_error)
@@ -219,6 +210,12 @@ class FileWatcher:
         # Emitters set up their watches on their own threads: wait for them, or a save right
         # after start-up would go unseen.
         await asyncio.to_thread(_wait_for_emitters, self._observer, 5.0)
+        self._say_watching(roots)
+        if self._primed:
+            self._primed = False
+            self._spawn(self._dispatch_all())  # what was saved while the models loaded
+
+    def _say_watching(self, roots: list[Path]) -> None:
         self.events.emit(
             Watching(
                 paths=[str(r) for r in roots],
@@ -228,9 +225,6 @@ class FileWatcher:
                 mode="polling" if self.poll else "inotify",
             )
         )
-        if self._primed:
-            self._primed = False
-            self._spawn(self._dispatch_all())  # what was saved while the models loaded
 
     async def _dispatch_all(self) -> None:
         """Compare every known and tracked file with the baseline; reload what changed."""
@@ -252,15 +246,12 @@ class FileWatcher:
         try:
             for root in roots:
                 self._watches[root] = observer.schedule(handler, str(root), recursive=True)
-            flat = self._config_folder(roots)
-            if flat is not None:
-                observer.schedule(handler, str(flat), recursive=False)
+            if not under(self.config.path.parent, roots):  # the config's folder, watched flat
+                observer.schedule(handler, str(self.config.path.parent), recursive=False)
             observer.start()
         except BaseException:
-            try:
+            with contextlib.suppress(Exception):
                 observer.stop()
-            except Exception:
-                pass
             raise
         return observer
 
@@ -277,8 +268,7 @@ class FileWatcher:
         if self._observer is None or self._handler is None:
             return
         for root in self.roots():
-            covered = any(root == w or w in root.parents for w in self._watches)
-            if not covered and self._readable(root):
+            if not under(root, self._watches) and self._readable(root):
                 watch = self._observer.schedule(self._handler, str(root), recursive=True)
                 self._watches[root] = watch
 
@@ -291,11 +281,6 @@ class FileWatcher:
             await asyncio.to_thread(observer.join, 5.0)
         for task in list(self._tasks):
             task.cancel()
-
-    @property
-    def watching(self) -> bool:
-        """True once the observer runs (inotify or polling)."""
-        return self._observer is not None
 
     def pause(self) -> None:
         self.paused = True
@@ -321,7 +306,7 @@ class FileWatcher:
         if path != self.config.path and not self.routes.watched(path):
             return
         if self.paused:
-            self._count_waiting(path)
+            self._spawn(self._count_waiting(path))
             return
         now = time.monotonic()
         if self._first_at is None:
@@ -336,8 +321,7 @@ class FileWatcher:
 
     def _root_gone(self, root: Path) -> None:
         """A watched folder was deleted: its inotify watch went with it, so say so, and
-        watch it again once it is back (an editor's or a git checkout's re-creation).
-        Before, one reload happened and every later edit was ignored without a word."""
+        watch it again once it is back (an editor's or a git checkout's re-creation)."""
         self._gone.add(root)
         self.events.emit(
             WatchError(
@@ -355,10 +339,9 @@ class FileWatcher:
             return
         old = self._watches.pop(root, None)
         if old is not None:
-            try:
+            # Its emitter may have stopped when the folder went.
+            with contextlib.suppress(KeyError, OSError, RuntimeError):
                 observer.unschedule(old)
-            except (KeyError, OSError, RuntimeError):
-                pass  # its emitter stopped when the folder went
         try:
             self._watches[root] = observer.schedule(self._handler, str(root), recursive=True)
         except OSError as exc:
@@ -367,24 +350,14 @@ class FileWatcher:
         finally:
             self._gone.discard(root)
         await asyncio.to_thread(_wait_for_emitters, observer, 5.0)
-        self.events.emit(
-            Watching(
-                paths=[str(root)],
-                files=len(self._baseline),
-                quiet_ms=round(self.quiet_s * 1000),
-                max_wait_ms=round(self.max_wait_s * 1000),
-                mode="polling" if self.poll else "inotify",
-            )
-        )
+        self._say_watching([root])
         await self._dispatch_all()  # what changed while it was gone (or came back changed)
 
     def _flush(self) -> None:
         paths, self._pending = self._pending, set()
         self._first_at, self._timer = None, None
         if paths:
-            task = asyncio.get_running_loop().create_task(self._dispatch(paths))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._dispatch(paths))
 
     def _expand(self, paths: set[Path]) -> set[Path]:
         """Add the files known under a folder event's path: a folder moved out of the tree
@@ -396,26 +369,23 @@ class FileWatcher:
             out.update(q for q in list(self._baseline) if p in q.parents)
         return out
 
-    def _count_waiting(self, path: Path) -> None:
+    async def _count_waiting(self, path: Path) -> None:
         """Paused: note whether `path` now differs from what is loaded (off the loop), and
         say so when the count changes. Nothing reloads until resume."""
 
-        async def count() -> None:
-            def differs() -> dict[Path, bool]:
-                found = self._expand({path}) - {self.config.path}
-                return {p: self._compare(p)[0] for p in found if self.routes.models_for(p)}
+        def differs() -> dict[Path, bool]:
+            found = self._expand({path}) - {self.config.path}
+            return {p: self._compare(p)[0] for p in found if self.routes.models_for(p)}
 
-            found = await asyncio.to_thread(differs)
-            before = len(self.waiting)
-            for p, changed in found.items():
-                if changed and self.paused:
-                    self.waiting.add(p)
-                else:
-                    self.waiting.discard(p)
-            if len(self.waiting) != before and self.paused:
-                self.events.emit(WatchWaiting(waiting=len(self.waiting)))
-
-        self._spawn(count())
+        found = await asyncio.to_thread(differs)
+        before = len(self.waiting)
+        for p, changed in found.items():
+            if changed and self.paused:
+                self.waiting.add(p)
+            else:
+                self.waiting.discard(p)
+        if len(self.waiting) != before and self.paused:
+            self.events.emit(WatchWaiting(waiting=len(self.waiting)))
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         """Run `coro` in the background; `stop` cancels it."""
@@ -432,7 +402,7 @@ class FileWatcher:
         if same_stat:
             return False, old, True
         new = _fingerprint(p)
-        return _digest(old) != _digest(new), new, False
+        return (old and old.digest) != (new and new.digest), new, False
 
     def _diff(self, paths: set[Path]) -> list[Path]:
         """Paths whose content differs from the last seen (deleted counts as changed)."""

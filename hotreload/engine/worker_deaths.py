@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from hotreload.engine.worker_proc import WorkerDied
+from hotreload.engine.worker_port import WorkerDied
 from hotreload.errors import ClientError, RequestTimeoutError, WorkerUnavailableError
 
 

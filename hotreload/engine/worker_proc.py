@@ -29,10 +29,17 @@ from hotreload.engine.memory_limits import (
     peak_rss_bytes,
     rss_bytes,
 )
-from hotreload.errors import HotreloadError, ProtocolError
+from hotreload.engine.worker_port import (
+    R,
+    ReplyCallback,
+    Worker,
+    WorkerDied,
+    WorkerReplyError,
+)
+from hotreload.errors import ProtocolError
 from hotreload.protocol.frame_protocol import FrameProtocol
 from hotreload.protocol.framing import SPILLED_HEADER, Frame, pack_frame, unspill
-from hotreload.protocol.ops import WorkerOp  # the engine's callers import it from here too
+from hotreload.protocol.messages import Request, ShutdownRequest
 from hotreload.worker.launch import FD_ENV, SPEC_ENV
 
 #: How often a worker's RSS and the machine's OOM-kill count are read, so a kill by the
@@ -41,27 +48,6 @@ MEMORY_SAMPLE_S = 0.5
 #: After the channel closes, how long the exit status may take before pending requests
 #: fail without it (it comes within milliseconds when the process died).
 EXIT_AFTER_EOF_S = 0.5
-
-
-#: Receives (reply frame, None) or (None, the error) exactly once.
-ReplyCallback = Callable[["Frame | None", "BaseException | None"], None]
-
-
-class WorkerDied(HotreloadError):
-    """The worker process exited or closed its channel while a request was pending."""
-
-
-class WorkerReplyError(HotreloadError):
-    """The worker answered a control request with an error."""
-
-    def __init__(self, error: dict[str, Any]) -> None:
-        self.code = error.get("code", "error")
-        self.remote_traceback = error.get("traceback")
-        #: The exception's class name in the worker (None for the manager's own errors).
-        self.error_type: str | None = error.get("type")
-        #: A failed LOAD: the project files the build imported or tried to (replies.py).
-        self.imports: tuple[str, ...] = tuple(error.get("imports") or ())
-        super().__init__(error.get("message", "worker error"))
 
 
 def worker_spec(
@@ -104,8 +90,9 @@ def worker_spec(
     return spec
 
 
-class WorkerProcess:
-    """One running worker. `request()` sends a frame and awaits the reply with the same id."""
+class WorkerProcess(Worker):
+    """One worker process (the port's real side): a control op sends a frame and awaits
+    the reply with the same id."""
 
     def __init__(
         self,
@@ -115,7 +102,9 @@ class WorkerProcess:
         code: dict[str, Any] | None = None,
         *,
         boot_nice: int = 0,
+        on_death: Callable[[Worker], None] | None = None,
     ) -> None:
+        super().__init__(on_death)
         self.model = model
         self.config = config
         self.code = code
@@ -143,8 +132,6 @@ class WorkerProcess:
         self._hello: asyncio.Future[Frame] | None = None
         self.dead = asyncio.Event()
         self.exit_reason: str | None = None
-        #: Called once, from the event loop, when the worker dies unexpectedly.
-        self.on_death: Callable[[WorkerProcess], None] | None = None
         self._stopping = False
         #: False once the channel hit EOF: the exit status may still be a moment away, and a
         #: request sent meanwhile would be lost (and use up its one retry) for nothing.
@@ -206,10 +193,10 @@ class WorkerProcess:
             )
             hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
         except TimeoutError:
-            await self.kill()
+            await self.end()
             raise WorkerDied(f"worker did not start within {timeout_s:.0f} s") from None
         except BaseException:
-            await self.kill()  # cancelled, or the channel failed: no process left behind
+            await self.end()  # cancelled, or the channel failed: no process left behind
             raise
         if not hello.header.get("ok"):
             raise WorkerReplyError(hello.header.get("error", {}))
@@ -310,7 +297,7 @@ class WorkerProcess:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.proc.wait(), 2.0)
         if self.proc.returncode is None and not self._stopping:
-            # Not kill(): that marks a stop we asked for, and on_death would not run.
+            # Not end(): that marks a stop we asked for, and on_death would not run.
             await self._sigkill()
 
     def _fail_pending(self) -> None:
@@ -332,22 +319,12 @@ class WorkerProcess:
             and not self.dead.is_set()
         )
 
-    def send(
-        self, header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
-    ) -> asyncio.Future[Frame]:
-        """Queue a frame for the worker; returns the future of its reply (no await on write)."""
-        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        if not self.send_with_callback(header, blobs, fut):
-            fut.set_exception(WorkerDied(self.exit_reason or "worker is not running"))
-        return fut
-
-    def send_with_callback(
+    def submit(
         self,
         header: dict[str, Any],
         blobs: Sequence[bytes | memoryview],
         waiter: asyncio.Future[Frame] | ReplyCallback,
     ) -> bool:
-        """Queue a frame; `waiter` gets the reply. False (nothing sent) when the worker is gone."""
         conn = self._conn
         if not self.alive or conn is None:
             return False
@@ -366,43 +343,41 @@ class WorkerProcess:
         if self._conn is not None:
             self._conn.write(out)
 
-    async def request(
-        self, op: WorkerOp, timeout_s: float | None = None, **fields: Any
-    ) -> dict[str, Any]:
-        """A control request; WorkerReplyError on an error reply, TimeoutError past timeout.
-        ValueError, before anything is sent, for an op the worker does not have."""
-        fut = self.send({"op": WorkerOp(op), **fields})
+    async def call(self, request: Request[R], timeout_s: float | None = None) -> R:
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        if not self.submit({"op": request.op, **request.wire()}, (), fut):
+            raise WorkerDied(self.exit_reason or "worker is not running")
+        # The write's drain counts against the deadline too: a worker that stopped reading
+        # (a C call holding its GIL, a stopped process) must not hold the caller forever.
+        frame = await (
+            asyncio.wait_for(self._sent(fut), timeout_s) if timeout_s else self._sent(fut)
+        )
+        if not frame.header.get("ok"):
+            raise WorkerReplyError(frame.header.get("error", {}))
+        try:
+            return request.reply.from_wire(frame.header)  # type: ignore[return-value]
+        except ProtocolError as exc:  # a worker of another shape: its op failed, said why
+            raise WorkerReplyError({"code": "protocol_error", "message": str(exc)}) from exc
+
+    async def _sent(self, fut: asyncio.Future[Frame]) -> Frame:
         if self._conn is not None:
             with contextlib.suppress(ConnectionError):
                 await self._conn.drain()
-        frame = await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
-        if not frame.header.get("ok"):
-            raise WorkerReplyError(frame.header.get("error", {}))
-        return frame.header
+        return await fut
 
-    async def stop(self, timeout_s: float) -> None:
-        """Ask the worker to exit; terminate, then kill, if it does not within `timeout_s`."""
+    async def end(self, grace_s: float = 0.0) -> None:
         self._stopping = True
-        if self.proc is None or self.proc.returncode is not None:
-            self._close()
-            return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.request(WorkerOp.SHUTDOWN), min(timeout_s, 2.0))
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), 2.0)
-            except TimeoutError:
-                await self.kill()
-        self._close()
-
-    async def kill(self) -> None:
-        """SIGKILL: the only way out of a forward stuck in a kernel that never returns."""
-        self._stopping = True
-        await self._sigkill()
+        if grace_s > 0 and self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                await self.call(ShutdownRequest(), min(grace_s, 2.0))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), grace_s)
+            if self.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.terminate()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.proc.wait(), 2.0)
+        await self._sigkill()  # nothing to do when it exited
         self._close()
 
     async def _sigkill(self) -> None:

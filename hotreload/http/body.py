@@ -54,7 +54,12 @@ async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
     encoding, ClientGone when the client hung up). aiohttp's own 413 for a raw body over
     `client_max_size` passes through."""
     try:
-        raw = await asyncio.wait_for(request.read(), limits.timeout_s)
+        if request.content.is_eof():
+            # Every byte is in (a small body, usually): the read cannot wait, so no deadline
+            # is due, and wait_for would run it as a task of its own (two more loop turns).
+            raw = await request.read()
+        else:
+            raw = await asyncio.wait_for(request.read(), limits.timeout_s)
     except TimeoutError:
         raise BodyError(
             408,

@@ -28,8 +28,7 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 
-from hotreload.engine.event_kinds import PhaseEnd, ReloadDone, ReloadFailed, Xid
-from hotreload.engine.events import typed
+from hotreload.engine.event_kinds import BaseEvent, PhaseEnd, ReloadDone, ReloadFailed, Xid
 from hotreload.engine.model import STATES
 from hotreload.engine.stats import LatencyWindow
 
@@ -193,8 +192,8 @@ class SessionMetrics:
     def count_bad_request(self, model: str) -> None:
         self.http_bad_requests[model] = self.http_bad_requests.get(model, 0) + 1
 
-    def on_event(self, e: dict[str, Any]) -> None:
-        match typed(e):
+    def on_event(self, event: BaseEvent) -> None:
+        match event:
             case PhaseEnd(model=model, phase=phase, duration_s=duration, skipped=skipped):
                 if not skipped and isinstance(duration, (int, float)):
                     self.reload_phase_seconds.labels(model, phase).observe(duration)

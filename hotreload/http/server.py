@@ -27,8 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hotreload import __version__
-from hotreload.engine.event_kinds import HttpStarted, SessionStopping
-from hotreload.engine.events import typed
+from hotreload.engine.event_kinds import BaseEvent, HttpStarted, SessionStopping
 from hotreload.errors import ClientError, HotreloadError
 from hotreload.http.auth import token_middleware, without_details
 from hotreload.http.body import BodyError, BodyLimits, ClientGone, read_body
@@ -107,8 +106,8 @@ class KServeApp:
         self.stopping = False
         self._unsubscribe = session.events.subscribe(self._on_event)
 
-    def _on_event(self, event: dict[str, Any]) -> None:
-        if isinstance(typed(event), SessionStopping):
+    def _on_event(self, event: BaseEvent) -> None:
+        if isinstance(event, SessionStopping):
             self.stopping = True
 
     def close(self) -> None:
@@ -124,6 +123,10 @@ class KServeApp:
         version = "/v2/models/{name}/versions/{version}"
         app.add_routes(
             [
+                # Infer first: aiohttp tries the routes under /v2/models in this order, and
+                # infer is the one asked for thousands of times a second.
+                post(model + "/infer", self.infer),
+                post(version + "/infer", self.infer),
                 get("/v2/health/live", self.live),
                 get("/v2/health/ready", self.ready),
                 get("/v2", self.server_metadata),
@@ -132,8 +135,6 @@ class KServeApp:
                 get(version, self.model_metadata),
                 get(model + "/ready", self.model_ready),
                 get(version + "/ready", self.model_ready),
-                post(model + "/infer", self.infer),
-                post(version + "/infer", self.infer),
                 post("/v2/repository/index", self.repository_index),
                 post("/v2/repository/models/{name}/load", self.load),
                 post("/v2/repository/models/{name}/unload", self.unload),
@@ -153,11 +154,10 @@ class KServeApp:
             known = ", ".join(self.session.models)
             raise HttpError(404, f"unknown model {name!r}; this session serves: {known}")
         wanted = request.match_info.get("version")
-        serving = host.view.version
-        if wanted is not None and wanted != str(serving):
+        if wanted is not None and wanted != str(host.version):
             raise HttpError(
                 404,
-                f"model {name!r} version {wanted} is not available; version {serving} "
+                f"model {name!r} version {wanted} is not available; version {host.version} "
                 "is serving (hotreload serves one version: leave the version out)",
             )
         return host
@@ -230,12 +230,15 @@ class KServeApp:
 
     async def infer(self, request: web.Request) -> web.Response:
         host = self._host(request)
-        view = host.view
-        if view.state in _NO_WORKER_STATES:
+        # The few fields a request needs, read directly: `host.view` builds a snapshot of
+        # every figure (request counts, text statistics), work an answer does not use.
+        state, router = host.state, host.router
+        form, signature = router.input_form, router.input_signature
+        if state in _NO_WORKER_STATES:
             raise HttpError(
                 503,
-                f"model {view.name!r} is {view.state}; POST /v2/repository/models/"
-                f"{view.name}/load to load it",
+                f"model {host.name!r} is {state}; POST /v2/repository/models/"
+                f"{host.name}/load to load it",
             )
         length = request.content_length
         if length is not None and length > self.max_body_bytes:
@@ -248,12 +251,12 @@ class KServeApp:
         body = await self._read(request, host.name)
         try:
             req = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
-            header, payload = to_router_request(req, view.input_form, list(view.inputs))
+            header, payload = to_router_request(req, form, signature)
         except InferRequestError as exc:
             self.metrics.count_bad_request(host.name)
             raise HttpError(400, f"model {host.name!r}: {exc}") from None
         try:
-            frame = await host.router.submit_future(header, payload)
+            frame = await router.submit_future(header, payload)
         except ClientError as exc:
             raise client_error(exc) from None
         h = frame.header

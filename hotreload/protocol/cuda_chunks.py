@@ -85,17 +85,13 @@ def place(
     return chunks
 
 
-def chunk_size(members: list[tuple[dict[str, Any], Any]]) -> int:
-    entry = members[-1][0]
-    return int(entry["offset"]) + int(entry["nbytes"])
-
-
 def fill(torch: Any, members: list[tuple[dict[str, Any], Any]]) -> Any:
     """A new byte tensor on the members' device holding each member's bytes at its offset
     (copied on the current stream; a non-contiguous tensor is gathered by the copy). The
     caller syncs the device before and the stream after (pack_state: once for all chunks)."""
     device = members[0][1].device
-    size = chunk_size(members)
+    last = members[-1][0]
+    size = int(last["offset"]) + int(last["nbytes"])
     try:
         buf = torch.empty(size, dtype=torch.uint8, device=device)
     except Exception as exc:
@@ -238,12 +234,14 @@ def check_entry(where: str, t: Mapping[str, Any], chunks: list[Mapping[str, Any]
     if not nonneg(chunk) or chunk >= len(chunks):
         known = f"0..{len(chunks) - 1}" if chunks else "it is empty"
         raise ValueError(f"{where}: chunk must index state.chunks ({known}), got {chunk!r}")
-    if not nonneg(offset) or offset % CHUNK_ALIGN:
+    check_span(where, offset, nbytes, CHUNK_ALIGN, chunks[chunk]["size"], f"chunk {chunk}")
+
+
+def check_span(where: str, offset: Any, nbytes: int, align: int, size: int, what: str) -> None:
+    """A tensor's bytes start `align`-aligned at `offset` and end inside `what` (`size` bytes)."""
+    if not nonneg(offset) or offset % align:
+        raise ValueError(f"{where}: offset must be a multiple of {align} (>= 0), got {offset!r}")
+    if offset + nbytes > size:
         raise ValueError(
-            f"{where}: offset must be a multiple of {CHUNK_ALIGN} (>= 0), got {offset!r}"
-        )
-    if offset + nbytes > chunks[chunk]["size"]:
-        raise ValueError(
-            f"{where}: bytes {offset}..{offset + nbytes} run past the end of chunk {chunk} "
-            f"({chunks[chunk]['size']} bytes)"
+            f"{where}: bytes {offset}..{offset + nbytes} run past the end of {what} ({size} bytes)"
         )

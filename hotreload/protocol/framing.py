@@ -36,10 +36,15 @@ _HEAD_ID = re.compile(rb'^\s*\{\s*"id"\s*:\s*(-?[0-9]{1,18})\s*[,}]')
 SPILLED_HEADER = "spilled_header"
 
 
+#: `json.dumps(value, separators=(",", ":"))`, made once: dumps builds an encoder on every
+#: call that is given a separator, a quarter of the time a small header takes.
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def header_bytes(header: dict[str, Any]) -> int:
     """The size of `header` as `pack_frame` encodes it (ASCII-escaped: a non-ASCII text
     grows up to 6 times over its UTF-8)."""
-    return len(json.dumps(header, separators=(",", ":")))
+    return len(compact_json(header))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,7 @@ def pack_frame(
     header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()
 ) -> list[bytes | memoryview]:
     """The pieces of one frame, ready for `writelines`/`sendmsg` without joining big blobs."""
-    return _pieces(json.dumps(header, separators=(",", ":")).encode(), blobs)
+    return _pieces(compact_json(header).encode(), blobs)
 
 
 def _pieces(head: bytes, blobs: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
@@ -113,7 +118,7 @@ def pack_spilling(
 ) -> list[bytes | memoryview]:
     """`pack_frame`, except that a header over MAX_HEADER_BYTES goes at the head of the
     payload (SPILLED_HEADER): a reply is never one its reader must refuse for its header."""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = compact_json(header).encode()
     if len(head) <= MAX_HEADER_BYTES:
         return _pieces(head, blobs)
     return pack_frame({"id": header.get("id"), SPILLED_HEADER: len(head)}, [head, *blobs])

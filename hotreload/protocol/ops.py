@@ -1,9 +1,10 @@
 """The ops the engine sends a worker over its control socket, named once for both ends.
 
-`engine/worker_proc.py` sends them (`WorkerProcess.request`, and the router's `infer`
-frames); `worker/server.py` routes them to the thread that owns each. A `StrEnum`: a member
-is the very string on the wire, so headers stay plain JSON and a worker compares what it
-reads against these names; a misspelt op fails where it is written, not in the worker.
+The engine sends them through its port (engine/worker_port.py: a method per control op,
+`submit` for the router's INFER and TEXT frames); `worker/server.py` routes them to the
+thread that owns each. A `StrEnum`: a member is the very string on the wire, so headers
+stay plain JSON and a worker compares what it reads against these names; a misspelt op
+fails where it is written, not in the worker.
 """
 
 from __future__ import annotations

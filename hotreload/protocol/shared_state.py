@@ -36,6 +36,7 @@ worker reads them, so it reads a consistent state and can never fault on a shrun
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from hotreload.protocol import cuda_chunks, push_leaves
+from hotreload.protocol.cuda_chunks import check_span, is_int, nonneg
 from hotreload.protocol.tensors import BF16, MAX_RANK, WIRE_DTYPES
 
 #: Every memfd tensor starts on this boundary (framing.PAYLOAD_ALIGN's reason, too).
@@ -98,10 +100,8 @@ class PackedState:
 
     def __del__(self) -> None:
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
 
 
 # ----------------------------------------------------------------------------- packing
@@ -115,8 +115,7 @@ def _torch_of(value: Any) -> Any:
 
 
 def _device_type(value: Any) -> str:
-    device = getattr(value, "device", None)
-    return str(getattr(device, "type", "cpu")) if device is not None else "cpu"
+    return str(getattr(getattr(value, "device", None), "type", "cpu"))
 
 
 def _is_torch(value: Any) -> bool:
@@ -132,7 +131,10 @@ def _wire_dtype(name: str, value: Any) -> str:
     else:
         dtype = np.asarray(value).dtype.name  # ml_dtypes' bfloat16 is named "bfloat16" too
     if dtype not in WIRE_DTYPES:
-        raise ValueError(_dtype_message(name, dtype))
+        raise ValueError(
+            f"tensor {name!r} has dtype {dtype}, which cannot be pushed; "
+            f"use one of {', '.join(STATE_DTYPES)}"
+        )
     return dtype
 
 
@@ -157,13 +159,6 @@ def _host_array(name: str, value: Any) -> np.ndarray:
 
 def _shape(value: Any) -> list[int]:
     return [int(d) for d in (value.shape if hasattr(value, "shape") else np.shape(value))]
-
-
-def _dtype_message(name: str, dtype: str) -> str:
-    return (
-        f"tensor {name!r} has dtype {dtype}, which cannot be pushed; "
-        f"use one of {', '.join(STATE_DTYPES)}"
-    )
 
 
 def _device_uuid(tensor: Any, index: int) -> str | None:
@@ -206,9 +201,13 @@ def pack_state(state: Mapping[str, Any], *, cuda_ipc: bool = True) -> PackedStat
     except BaseException:
         packed.abandon()
         raise
-    vias = {e["via"] for e in entries}
-    packed.descriptor["kind"] = "mixed" if len(vias) == 2 else (vias.pop() if vias else "memfd")
+    packed.descriptor["kind"] = _kind({e["via"] for e in entries})
     return packed
+
+
+def _kind(vias: set[str]) -> str:
+    """The descriptor's `kind` for the `via`s its tensors use."""
+    return "mixed" if len(vias) == 2 else next(iter(vias), "memfd")
 
 
 _Items = list[tuple[dict[str, Any], Any]]
@@ -291,23 +290,6 @@ def _write_memfd(packed: PackedState, host: list[tuple[dict[str, Any], Any]]) ->
 # ----------------------------------------------------------------------------- checking
 
 
-# Kept here rather than imported from cuda_chunks: a descriptor's check calls them once per
-# field, and each call into another file is a step a reader of the push path follows out
-# and back (benchmarks/reload_trace.py counts them).
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _nonneg(value: Any) -> bool:
-    return _is_int(value) and value >= 0
-
-
-def memfd_pid(descriptor: Mapping[str, Any]) -> int | None:
-    """The pid in a (validated) descriptor's path: the process whose memfd it is."""
-    m = _PATH_RE.fullmatch(str(descriptor.get("path") or ""))
-    return int(m.group(1)) if m else None
-
-
 def validate_descriptor(d: Any, *, peer_pid: int | None = None) -> None:
     """Raise ValueError, naming the field and what is wrong with it, unless `d` is a
     well-formed descriptor. `peer_pid` (the client's pid, SO_PEERCRED): the memfd must be
@@ -318,7 +300,7 @@ def validate_descriptor(d: Any, *, peer_pid: int | None = None) -> None:
     if not isinstance(tensors, list):
         raise ValueError("state.tensors must be a list of tensor entries")
     size = d.get("size")
-    if not _nonneg(size):
+    if not nonneg(size):
         raise ValueError(f"state.size must be a byte count (an integer >= 0), got {size!r}")
     chunks = d.get("chunks", [])  # absent: no tensor goes via CUDA
     cuda_chunks.check_chunks(chunks)
@@ -333,8 +315,7 @@ def validate_descriptor(d: Any, *, peer_pid: int | None = None) -> None:
             # The worker would never open it, and its reader count never come back.
             raise ValueError(f"state.chunks[{i}] holds no tensor; send only chunks in use")
     _check_memfd_fields(d, "memfd" in vias, peer_pid)
-    kind = d.get("kind")
-    want = "mixed" if len(vias) == 2 else (next(iter(vias)) if vias else "memfd")
+    kind, want = d.get("kind"), _kind(vias)
     if kind != want:
         raise ValueError(
             f"state.kind is {kind!r} but its tensors go via {sorted(vias) or 'nothing'}; "
@@ -378,25 +359,16 @@ def _check_entry(i: int, t: Any, size: int, names: set[str], chunks: list[dict[s
     dtype, shape, nbytes, via = (t.get(k) for k in ("dtype", "shape", "nbytes", "via"))
     if not isinstance(dtype, str) or dtype not in WIRE_DTYPES:
         raise ValueError(f"{where}: unknown dtype {dtype!r}; use one of {', '.join(STATE_DTYPES)}")
-    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(map(_nonneg, shape)):
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(map(nonneg, shape)):
         raise ValueError(f"{where}: shape must be a list of sizes >= 0, got {shape!r}")
     expected = math.prod(shape) * WIRE_DTYPES[dtype].itemsize
-    if not _is_int(nbytes) or nbytes != expected:
+    if not is_int(nbytes) or nbytes != expected:
         raise ValueError(
             f"{where}: nbytes {nbytes!r} does not match dtype {dtype} and shape {shape} "
             f"({expected} bytes)"
         )
     if via == "memfd":
-        offset = t.get("offset")
-        if not _nonneg(offset) or offset % ALIGN:
-            raise ValueError(
-                f"{where}: offset must be a multiple of {ALIGN} (>= 0), got {offset!r}"
-            )
-        if offset + nbytes > size:
-            raise ValueError(
-                f"{where}: bytes {offset}..{offset + nbytes} run past the end of the "
-                f"memfd ({size} bytes)"
-            )
+        check_span(where, t.get("offset"), nbytes, ALIGN, size, "the memfd")
     elif via == "cuda_ipc":
         cuda_chunks.check_entry(where, t, chunks)
     else:

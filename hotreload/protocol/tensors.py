@@ -29,6 +29,9 @@ WIRE_DTYPES: dict[str, np.dtype[Any]] = {
         "float64",
     )
 }
+#: numpy dtype -> its name, for the fixed-size ones in native byte order: `dtype.name` is a
+#: property written in Python that took 2 us of the 5 an answer's tensor costs to encode.
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {np.dtype(name): name for name in WIRE_DTYPES}
 BF16 = "bfloat16"
 WIRE_DTYPES[BF16] = np.dtype("<u2")
 #: Every dtype name a tensor on the wire may carry.
@@ -72,7 +75,7 @@ def encode_tensors(named: Mapping[str, Any]) -> tuple[list[TensorMeta], list[byt
             dtype_name = BF16
         else:
             arr = as_array(value)
-            dtype_name = arr.dtype.name
+            dtype_name = _DTYPE_NAMES.get(arr.dtype) or arr.dtype.name
         if dtype_name not in WIRE_DTYPES:
             raise ProtocolError(
                 f"tensor {name!r} has dtype {dtype_name}, which cannot travel; "

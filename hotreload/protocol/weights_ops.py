@@ -3,11 +3,10 @@ built once for both clients (`client.py`); the session checks the same fields.""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hotreload.errors import ClientError, ProtocolError
-from hotreload.protocol.framing import MAX_HEADER_BYTES, Frame
+from hotreload.protocol.framing import MAX_HEADER_BYTES, Frame, header_bytes
 from hotreload.protocol.shared_state import PackedState
 
 
@@ -24,11 +23,11 @@ def update_weights_header(
     if timeout_s is not None:
         header["timeout_s"] = timeout_s
     # Said here, not as a dropped connection: the session refuses a header this long.
-    size = len(json.dumps(header, separators=(",", ":")))
+    size = header_bytes(header)
     if size > MAX_HEADER_BYTES - 1024 and "leaves" in packed.descriptor:
         # The digest leaves are a speed-up: without them the worker hashes the push.
         packed.descriptor.pop("leaves")
-        size = len(json.dumps(header, separators=(",", ":")))
+        size = header_bytes(header)
     if size > MAX_HEADER_BYTES - 1024:
         raise ClientError(
             f"the description of {len(packed.descriptor['tensors'])} tensors takes {size} "

@@ -23,6 +23,7 @@ from textual.driver import Driver
 from textual.widgets import DataTable, Footer
 
 from hotreload.engine.event_kinds import (
+    BaseEvent,
     ConfigChanged,
     ConfigError,
     FileUnused,
@@ -44,7 +45,6 @@ from hotreload.engine.event_kinds import (
     WorkerDied,
     Xid,
 )
-from hotreload.engine.events import Event, typed
 from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
 from hotreload.tui import render
@@ -143,7 +143,9 @@ class DashboardApp(App[int]):
     # ------------------------------------------------------------------ lifecycle
 
     def on_mount(self) -> None:
-        self._unsubscribe = self.source.subscribe(lambda e: self.post_message(EngineEvent(e)))
+        self._unsubscribe = self.source.subscribe(
+            lambda event, replayed: self.post_message(EngineEvent(event, replayed))
+        )
         self.query_one("#models", RowsTable).focus()
         self._mounted_at = self.source.clock.now()
         self._render_status()
@@ -242,22 +244,20 @@ class DashboardApp(App[int]):
         self._first_sample.set()
 
     def on_engine_event(self, message: EngineEvent) -> None:
-        e = message.event
-        self.state.on_event(e)
-        self._notify_for(e)
+        event = message.event
+        self.state.on_event(event)
+        if not message.replayed:  # history from before this dashboard attached: not popped
+            self._notify_for(event)
         if self.phase == START_FAILED and not self.state.start_errors:
             self.phase = ""  # the model that failed to start came up: say so no longer
             self._render_status()
-        event = typed(e)
         if isinstance(event, (ReloadDone, ReloadFailed, Ready, State, Xid, WatchWaiting)):
             self._wake.set()  # sample now: the outcome shows without waiting a turn
         if isinstance(event, (ReloadRequested, PhaseStart, PhaseEnd, LockWait)):
             self._render_reloads()
 
-    def _notify_for(self, e: Event) -> None:
-        if e.get("replayed"):
-            return  # history from before this dashboard attached: shown in panels, not popped
-        match typed(e):
+    def _notify_for(self, event: BaseEvent) -> None:
+        match event:
             case SessionStopping() | SessionLost() as ended if not self._quitting:
                 # Stopped from elsewhere (SIGTERM, another terminal): nothing left to show.
                 clean = isinstance(ended, SessionStopping)

@@ -7,11 +7,11 @@ from typing import Any
 
 from textual.message import Message
 
-from hotreload.engine.events import Event
+from hotreload.engine.event_kinds import BaseEvent, ChangeDetected, PhaseStart, State
 from hotreload.tui.source import Sample
 
 #: Event kinds of which only the latest per model matters: a burst collapses to one message.
-COALESCING_KINDS = frozenset({"state", "change_detected", "phase_start"})
+COALESCING_KINDS = (State, ChangeDetected, PhaseStart)
 
 
 @dataclass
@@ -31,7 +31,9 @@ class Sampled(Message):
 class EngineEvent(Message):
     """One event from the session's event stream, delivered on the app's loop."""
 
-    event: Event
+    event: BaseEvent
+    #: History from before this dashboard attached: shown in the panels, never popped up.
+    replayed: bool = False
 
     def can_replace(self, message: Message) -> bool:
         # Only chatty kinds coalesce; a reload outcome or an Xid is never dropped.
@@ -39,9 +41,9 @@ class EngineEvent(Message):
             return False
         mine, other = self.event, message.event
         return (
-            mine.get("kind") in COALESCING_KINDS
-            and other.get("kind") == mine.get("kind")
-            and other.get("model") == mine.get("model")
+            isinstance(mine, COALESCING_KINDS)
+            and type(other) is type(mine)
+            and getattr(other, "model", None) == getattr(mine, "model", None)
         )
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.client import AsyncClient, Client
-from hotreload.engine.event_kinds import SessionLost
-from hotreload.engine.events import Event, as_dict
+from hotreload.engine.event_kinds import BaseEvent, SessionLost
+from hotreload.engine.events import typed
 from hotreload.engine.model import PhaseFailed, ReloadOutcome
 from hotreload.errors import BadRequestError, HotreloadError, NoServerError
 from hotreload.gpu.readings import GpuSnapshot
@@ -58,7 +58,7 @@ class RemoteSource:
         self.title = str(socket_path)
         self.reset_mode = "never"
         self._client = AsyncClient(socket_path=self.socket_path)
-        self._subscribers: list[Callable[[Event], None]] = []
+        self._subscribers: list[Callable[[BaseEvent, bool], None]] = []
         self._inputs: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         self._closed = False
 
@@ -97,19 +97,20 @@ class RemoteSource:
     def _on_frame(self, frame: Frame | None) -> None:
         if frame is None:
             if not self._closed:
-                self._publish(as_dict(SessionLost(), self.clock.now()))
+                self._publish(SessionLost(ts=self.clock.now()), False)
             return
-        event = frame.header.get("event")
-        if isinstance(event, dict):
-            if frame.header.get("replayed"):
-                event["replayed"] = True
-            self._publish(event)
+        # The wire dict back into its class: the app handles one kind of thing. A kind this
+        # dashboard does not know (a newer session's) has nothing to show.
+        wire = frame.header.get("event")
+        event = typed(wire) if isinstance(wire, dict) else None
+        if event is not None:
+            self._publish(event, bool(frame.header.get("replayed")))
 
-    def _publish(self, event: Event) -> None:
+    def _publish(self, event: BaseEvent, replayed: bool) -> None:
         for fn in list(self._subscribers):
-            fn(event)
+            fn(event, replayed)
 
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[[BaseEvent, bool], None]) -> Callable[[], None]:
         self._subscribers.append(fn)
         return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
 

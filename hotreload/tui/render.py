@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 
 from hotreload.engine.cpus import format_cpus
+from hotreload.engine.event_kinds import StartFailed
 from hotreload.engine.model import ReloadOutcome
 from hotreload.engine.telemetry import describe_xid_sources
 from hotreload.gpu.readings import GpuSnapshot
@@ -437,13 +438,13 @@ def reload_rows(
     return tuple(rows)
 
 
-def reload_detail(o: ReloadOutcome | None, start_error: dict[str, Any] | None) -> Text:
+def reload_detail(o: ReloadOutcome | None, start_error: StartFailed | None) -> Text:
     if o is None:
         if start_error:
-            t = Text(f"{start_error.get('model')} failed to start in ", "bold red")
-            t.append(f"{start_error.get('phase') or 'start'}: {start_error.get('error')}")
+            t = Text(f"{start_error.model} failed to start in ", "bold red")
+            t.append(f"{start_error.phase or 'start'}: {start_error.error}")
             t.append("\nfix the file and save: the watcher tries again\n", "yellow")
-            t.append(user_traceback(str(start_error.get("traceback") or "")), "dim")
+            t.append(user_traceback(start_error.traceback or ""), "dim")
             return t
         return Text("no reload yet: edit a watched file, or press r", "dim")
     phases = " · ".join(f"{p} {s * 1000:.1f}" for p, s in o.phases.items())

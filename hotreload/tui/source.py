@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hotreload.engine.events import Event
+from hotreload.engine.event_kinds import BaseEvent
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.gpu.xid_events import XidEvent
 
@@ -112,7 +112,9 @@ class DashboardSource(Protocol):
 
     async def sample(self) -> Sample: ...
 
-    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]: ...
+    def subscribe(self, fn: Callable[[BaseEvent, bool], None]) -> Callable[[], None]:
+        """Call `fn(event, replayed)` for each event of the session; `replayed` is True for
+        the history from before the dashboard attached."""
 
     async def reload(self, model: str | None) -> list[ReloadOutcome]:
         """Reload one model (None: every model) and return the outcomes."""

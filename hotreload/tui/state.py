@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hotreload.engine.event_kinds import (
+    BaseEvent,
     LockWait,
     PhaseEnd,
     PhaseStart,
@@ -18,7 +19,6 @@ from hotreload.engine.event_kinds import (
     StartFailed,
     State,
 )
-from hotreload.engine.events import Event, typed
 from hotreload.tui.source import Sample
 
 #: Points kept per history: 240 samples at the default 0.5 s is the last 2 minutes.
@@ -69,7 +69,7 @@ class DashboardState:
         self.baselines: dict[str, Baseline] = {}
         self.live: dict[str, LiveReload] = {}
         #: model -> the start_failed event (error and traceback of a failed first start).
-        self.start_errors: dict[str, Event] = {}
+        self.start_errors: dict[str, StartFailed] = {}
         #: model -> when it entered its current state (a "loading" shows how long so far).
         self.state_since: dict[str, float] = {}
 
@@ -119,9 +119,9 @@ class DashboardState:
             return None
         return fig[1] - base.value, base
 
-    def on_event(self, e: Event) -> None:
-        ts = float(e.get("ts", 0.0))
-        match typed(e):
+    def on_event(self, event: BaseEvent) -> None:
+        ts = event.ts
+        match event:
             case State(model=model):
                 self.state_since[model] = ts
             case ReloadRequested(model=model, trigger=trigger, detail=detail):
@@ -143,8 +143,8 @@ class DashboardState:
                 self.start_errors.pop(model, None)  # a cold start after a failed one
             case ReloadFailed(model=model):
                 self.live.pop(model, None)
-            case StartFailed(model=model):
-                self.start_errors[model] = e
+            case StartFailed(model=model) as failed:
+                self.start_errors[model] = failed
             case Ready(model=model):
                 self.start_errors.pop(model, None)
 

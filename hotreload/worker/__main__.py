@@ -37,9 +37,11 @@ def _import_at_low_priority(nice: int, libraries: list[str]) -> None:
     """A standby worker, started ahead of the next reload: its heavy imports (torch, and the
     `libraries` the serving version's build imported, such as transformers) run in a thread
     of their own at `nice`, taking only spare CPU from the worker that serves. Only that
-    thread is niced (Linux priorities are per thread): the threads that will serve keep
-    normal priority, which an unprivileged process could not get back. No user module is
-    imported here: the build imports the code it is given, fresh."""
+    thread is niced (priorities are per thread): the threads that will serve keep normal
+    priority, which an unprivileged process could not get back. No user module is imported
+    here: the build imports the code it is given, fresh."""
+    import contextlib
+    import importlib
     import threading
 
     # Libraries that start thread pools when imported (numpy's OpenBLAS) are imported here
@@ -50,25 +52,18 @@ def _import_at_low_priority(nice: int, libraries: list[str]) -> None:
         tid = threading.get_native_id()
         try:
             # SCHED_IDLE: runs only on a core nothing else wants. This thread never serves,
-            # so it never needs to come back to normal scheduling (which would need
-            # privileges).
+            # so it never needs normal scheduling back (which would need privileges).
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         except (OSError, AttributeError):
-            try:
+            with contextlib.suppress(OSError):  # not allowed here: normal priority
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
-            except OSError:
-                pass  # not allowed here: start at normal priority
         try:
             import hotreload.worker.server  # noqa: F401
         except BaseException:
             return  # the main thread's own import reports it
-        import importlib
-
         for name in libraries:
-            try:
+            with contextlib.suppress(BaseException):  # the build imports it, and says why
                 importlib.import_module(name)
-            except BaseException:  # the build imports what it needs, and says why
-                pass
 
     t = threading.Thread(target=boot, name="hotreload-boot")
     t.start()

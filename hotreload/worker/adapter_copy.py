@@ -1,16 +1,13 @@
 """An adapter save (or an adapter push) as the next version, without building the base.
 
 When the code was not re-imported and the base is unchanged, the next version is the
-serving module copied as a structure (a new object per module with its own tables of
-parameters, buffers and submodules, the tensors in them the same: none is copied), with
-the saved adapter's tensors loaded into the copy by peft's `set_peft_model_state_dict`
-(assigned: new tensors in the copy's layers, the serving version's untouched). Its cost
-is the module count and the adapter's bytes: no factory call, no peft injection, no base
-read, whatever the base weighs.
+serving module copied as a structure (`structure_copy`: no tensor copied), with the saved
+adapter's tensors loaded into the copy by peft's `set_peft_model_state_dict` (assigned: the
+serving version's stay untouched). It costs the module count and the adapter's bytes: no
+factory call, no peft injection, no base read, whatever the base weighs.
 
 Anything else (an adapter's config changed, adapters added or removed, one a restart left
-out, a push holding base tensors) returns None: the ordinary build (factory, base shared,
-adapters injected) runs.
+out, a push holding base tensors) returns None: the ordinary build runs.
 """
 
 from __future__ import annotations
@@ -42,20 +39,15 @@ from hotreload.worker.weight_sources import PlacedWeights
 def _only_adapter_tensors(
     overlays: Sequence[Mapping[str, Any]], held: AdapterSet, declared: list[str], spec: Any
 ) -> bool:
-    """Every tensor of these pushes is an adapter's (judged by name, before a byte is read:
-    a CUDA IPC tensor can be read once only)."""
-    default = spec.get("default_adapter")
-    fallback = default if default in declared else None
-    prefix = spec.get("weights_prefix")
-    for overlay in overlays:
-        for e in overlay["state"].get("tensors", []):
-            if e["name"] in held.base_state:
-                return False
-            try:
-                if adapter_pushes.peft_form(e["name"], declared, fallback, prefix) is None:
-                    return False
-            except Exception:
-                return False  # the ordinary build says what is wrong with it
+    """Every tensor of these pushes is an adapter's."""
+    default, prefix = spec.get("default_adapter"), spec.get("weights_prefix")
+    for o in overlays:
+        try:
+            ours = adapter_pushes.adapter_entries(o, held.base_state, declared, default, prefix)
+        except Exception:
+            return False  # the ordinary build says what is wrong with it
+        if len(ours) != len(o["state"].get("tensors", [])):
+            return False
     return True
 
 
@@ -70,33 +62,31 @@ def copied(
     held = getattr(getattr(current, "weights", None), "adapters", None)
     specs = list(spec.get("adapters") or ())
     model = getattr(current, "model", None)
-    declared = [str(s["name"]) for s in specs]
+    folders = {str(s["name"]): Path(str(s["folder"])) for s in specs}
     if held is None or not isinstance(model, torch.nn.Module) or current.on_host:
         return None
-    if declared != list(held.adapters) or held.unavailable:
+    if list(folders) != list(held.adapters) or held.unavailable:
         return None
     seen = set(current.weights.overlay_ids)
     new = [o for o in overlays if int(o["id"]) not in seen]
-    if not _only_adapter_tensors(new, held, declared, spec):
+    if not _only_adapter_tensors(new, held, list(folders), spec):
         return None
-    stamps = {str(s["name"]): _stamp(Path(str(s["folder"]))) for s in specs}
-    folders = {str(s["name"]): Path(str(s["folder"])) for s in specs}
-    if any(config_text(folders[n]) != held.adapters[n].config for n in declared):
+    if any(config_text(f) != held.adapters[n].config for n, f in folders.items()):
         return None  # a changed adapter_config.json may change the layers themselves
     clone = structure_copy(model, {})
     prefix = spec.get("weights_prefix")
     served: dict[str, ServedAdapter] = {}
-    for s in specs:
-        name, old = str(s["name"]), held.adapters[str(s["name"])]
-        if stamps[name] == old.stamp:
-            served[name] = replace(old, folder=str(folders[name]), source="shared")
+    for name, folder in folders.items():
+        old, stamp = held.adapters[name], _stamp(folder)
+        if stamp == old.stamp:
+            served[name] = replace(old, folder=str(folder), source="shared")
             continue
         # The folder the spec names now: after a restart the serving version read its copy
         # in the last good snapshot, and the save is of the live one.
-        state = adapter_pushes.file_state(_read(folders[name] / WEIGHTS_FILE, name), prefix)
+        state = adapter_pushes.file_state(_read(folder / WEIGHTS_FILE, name), prefix)
         if not _complete(_load(clone, state, name, WEIGHTS_FILE), old.keys):
             return None  # the ordinary build reports the tensors the file misses
-        served[name] = replace(old, folder=str(folders[name]), stamp=stamps[name], source="file")
+        served[name] = replace(old, folder=str(folder), stamp=stamp, source="file")
     _, pushed = adapter_pushes.split(
         new, set(held.base_state), specs, spec.get("default_adapter"), prefix, device
     )
@@ -119,8 +109,8 @@ def copied(
 
 
 def structure_copy(module: torch.nn.Module, done: dict[int, Any]) -> Any:
-    """A new module object for `module` and each submodule, holding the same tensors and
-    attributes: its own `_parameters`, `_buffers` and `_modules` tables, so assigning a
+    """A new module object for `module` and each submodule, with the same tensors and
+    attributes but its own `_parameters`, `_buffers` and `_modules` tables: assigning a
     tensor or switching an adapter in the copy leaves the original as it is. A shared
     submodule stays shared (`done`); 10 us a module, whatever its tensors weigh."""
     if id(module) in done:
@@ -137,5 +127,4 @@ def structure_copy(module: torch.nn.Module, done: dict[int, Any]) -> Any:
 
 def _complete(result: Any, keys: Sequence[str]) -> bool:
     """Whether a load set every one of an adapter's tensors."""
-    missing = set(getattr(result, "missing_keys", ()))
-    return not (missing & set(keys))
+    return not set(getattr(result, "missing_keys", ())) & set(keys)

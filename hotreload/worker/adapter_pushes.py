@@ -1,22 +1,17 @@
 """Adapter tensors in a push, and adapter files' keys, as peft's loader takes them.
 
-A trainer pushing a peft model's changed tensors sends them under the names its module
-holds (`base_model.model.<path>.lora_A.default.weight`), a script may send them as peft's
-`save_pretrained` writes them (`base_model.model.<path>.lora_A.weight`), or as the served
-module holds them (`<path>.lora_A.<adapter>.weight`). All three come to the form peft's
-`set_peft_model_state_dict` reads (the adapter's name taken out, `weights_prefix` applied
-as for a weights file), grouped by the adapter they go to:
-
-- the adapter a name carries (`lora_A.b.weight` goes to adapter "b");
-- peft's own default name (`lora_A.default.weight`) and a name with none go to the model's
-  default adapter (`default_adapter`, else the first declared).
-
-The rest of a push (base tensors) goes on as before (weight_sources.py).
+A push may name an adapter tensor as a trainer's peft model holds it
+(`base_model.model.<path>.lora_A.default.weight`), as peft's `save_pretrained` writes it
+(`base_model.model.<path>.lora_A.weight`) or as the served module holds it
+(`<path>.lora_A.<adapter>.weight`). All three come to the form `set_peft_model_state_dict`
+reads (the adapter's name taken out, `weights_prefix` applied as for a weights file),
+grouped by adapter: the one a name carries, else (peft's "default", or none) the model's
+default adapter. The rest of a push (base tensors) goes on as before (weight_sources.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -73,6 +68,27 @@ def file_state(
     return {mapping[k.removeprefix(PEFT_PREFIX)]: t for k, t in state.items()}
 
 
+def adapter_entries(
+    overlay: Mapping[str, Any],
+    base_names: Collection[str],
+    declared: Sequence[str],
+    default: str | None,
+    prefix: Mapping[str, str] | None,
+) -> dict[str, tuple[str, str]]:
+    """Pushed name -> `peft_form` of each tensor of a push that is an adapter's, judged by
+    name before a byte is read (a CUDA IPC tensor can be read once only)."""
+    fallback = default if default in declared else None
+    ours: dict[str, tuple[str, str]] = {}
+    for e in overlay["state"].get("tensors", []):
+        mapped = next(iter(apply_prefix([e["name"]], prefix).values()))
+        if e["name"] in base_names or mapped in base_names:
+            continue
+        form = peft_form(e["name"], declared, fallback, prefix)
+        if form is not None:
+            ours[e["name"]] = form
+    return ours
+
+
 def split(
     overlays: Sequence[Mapping[str, Any]],
     base_names: set[str],
@@ -85,19 +101,11 @@ def split(
     and its adapter tensors read now, grouped by adapter. A push that holds no base tensor
     leaves no base part: `strict` then asks nothing of the base."""
     declared = [str(s["name"]) for s in specs]
-    fallback = default if default in declared else None
     base_parts: list[dict[str, Any]] = []
     adapter_parts: list[tuple[int, dict[str, dict[str, torch.Tensor]]]] = []
     for overlay in overlays:
         entries = overlay["state"].get("tensors", [])
-        ours: dict[str, tuple[str, str]] = {}
-        for e in entries:
-            mapped = next(iter(apply_prefix([e["name"]], prefix).values()))
-            if e["name"] in base_names or mapped in base_names:
-                continue
-            form = peft_form(e["name"], declared, fallback, prefix)
-            if form is not None:
-                ours[e["name"]] = form
+        ours = adapter_entries(overlay, base_names, declared, default, prefix)
         rest = [e for e in entries if e["name"] not in ours]
         if rest or not ours:
             base_parts.append({**overlay, "state": {**overlay["state"], "tensors": rest}})

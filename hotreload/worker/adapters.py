@@ -1,33 +1,24 @@
 """peft LoRA adapters over a model's base weights, built once and chosen per request.
 
-A build fills the base module's weights first (weight_sources.py: shared with the serving
-version when the base files are unchanged), then injects each declared adapter with peft's
-own `inject_adapter_in_model` and loads its tensors with `set_peft_model_state_dict`,
-which maps the names peft's `save_pretrained` writes (`base_model.model.` prefix,
-`lora_A.weight` without the adapter's name) onto the module's (`lora_A.<name>.weight`).
-An adapter whose two files are unchanged since the serving version loaded them takes that
-version's tensors as they are; only a saved adapter is read. So an adapter save costs its
-own bytes, whatever the base weighs.
+A build fills the base module's weights first (weight_sources.py), then injects each
+declared adapter with peft's `inject_adapter_in_model` and loads its tensors with
+`set_peft_model_state_dict`, which maps the names `save_pretrained` writes onto the
+module's. An adapter whose two files are unchanged since the serving version loaded them
+takes that version's tensors as they are: an adapter save costs its own bytes, whatever the
+base weighs.
 
-Per request the serving thread switches the active adapter (peft's layers' `set_adapter`,
-or the adapters disabled for "base") only when it differs from the last request's: a loop
-over the LoRA layers, about 1 ms for a 7B model's 64, on the serving thread that runs one
-request at a time, so a switch never races a forward.
-
-An adapter file is read whole into memory of the worker's own, never left mapped: a
-mapping of the file (what safetensors' `load_file` returns) reads the file's pages as they
-are now, so a save in place (`open(path, "wb")`) that truncates the file kills the worker
-that serves from it with SIGBUS at its next request.
+Per request the serving thread switches the active adapter (peft's `set_adapter`, or the
+adapters disabled for "base") only when it differs from the last request's: about 1 ms for
+a 7B model's 64 LoRA layers, on the thread that runs one request at a time, so a switch
+never races a forward.
 
 A restart (the worker died) comes back without an adapter whose files cannot be read (a
-save cut short): the base and the other adapters serve, and a request for that one says
-why (`AdapterSet.unavailable`) until a save that can be read reloads it. Any other build
-fails instead, and the version serving keeps it.
+save cut short): the rest serve, and a request for that one says why
+(`AdapterSet.unavailable`) until a readable save reloads it. Any other build fails instead.
 
-Digests: each adapter's is the content digest of its tensors as peft saves them
-(`get_peft_model_state_dict`, names without the adapter's); the version's is the sha256 of
-the base's digest and every adapter's name and digest, so an adapter save re-hashes the
-adapter alone.
+Digests: an adapter's is the content digest of its tensors as peft saves them; the
+version's is the sha256 of the base's digest and every adapter's name and digest, so an
+adapter save re-hashes the adapter alone.
 """
 
 from __future__ import annotations
@@ -155,10 +146,8 @@ class AdapterSet:
             raise UnknownAdapter(f"unknown adapter {chosen!r}; this model serves: {known}")
         if chosen != self.active:
             for layer in self.layers:
-                if chosen == BASE:
-                    layer.enable_adapters(False)
-                else:
-                    layer.enable_adapters(True)
+                layer.enable_adapters(chosen != BASE)
+                if chosen != BASE:
                     layer.set_adapter(chosen, inference_mode=True)
             self.active = chosen
         return chosen
@@ -178,11 +167,9 @@ class AdapterSet:
         held = getattr(getattr(current, "weights", None), "adapters", None)
         if mv.weights.reused and current is not None:
             self.base_digest = held.base_digest if held is not None else current.digest
-        if self.base_digest is not None:
-            mv.digest = self.whole_digest()
-            return
-        if digest_now:
+        if self.base_digest is None and digest_now:
             self.base_digest = state_digest(self.base_state)
+        if self.base_digest is not None:
             mv.digest = self.whole_digest()
             return
         base_future = digest_later(self.base_state)
@@ -289,7 +276,7 @@ def _load(
         result = set_peft_model_state_dict(
             model, dict(state), adapter_name=name, low_cpu_mem_usage=True
         )
-    unexpected = [k for k in result.unexpected_keys]
+    unexpected = list(result.unexpected_keys)
     if unexpected:
         shown = ", ".join(unexpected[:5]) + (" ..." if len(unexpected) > 5 else "")
         raise LoadError(
@@ -357,7 +344,8 @@ def attach(
             if not restart:
                 raise
             detail = str(exc).removeprefix(f"adapter {name!r}: ")
-            left_out[name] = LeftOut(stamp, f"since the worker restarted: {detail}; {_MEND}")
+            mend = "save it again (a complete file) to serve it"
+            left_out[name] = LeftOut(stamp, f"since the worker restarted: {detail}; {mend}")
             continue
         _inject(model, configs[name], name, folder)
         keys = list(_adapter_params(lora_layers(model), name))
@@ -397,30 +385,21 @@ def attach(
     return aset
 
 
-#: What mends an adapter left out.
-_MEND = "save it again (a complete file) to serve it"
-
-
 def _read(path: Path, name: str) -> dict[str, torch.Tensor]:
-    """The adapter file's tensors in memory of this process's own (see the module's
-    docstring: never a mapping of the file)."""
-    try:
-        return read_private(path)
-    except Exception as exc:
-        raise LoadError(f"adapter {name!r}: cannot read {path}: {exc}") from None
-
-
-def read_private(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors, read with pread(2) into fresh memory: a later rewrite
-    or truncation of the file cannot reach them. A file cut short fails here, whole."""
+    """The adapter file's tensors, read with pread(2) into memory of this process's own:
+    a mapping of the file (safetensors' `load_file`) would die with SIGBUS at the next
+    request once a save in place truncates it. A file cut short fails here, whole."""
     from safetensors.torch import load, load_file
 
     try:
-        return load_file(str(path), device="cpu", backend="pread")
-    except TypeError:  # safetensors before 0.8 has no `backend`: the bytes, read whole
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.frombuffer over read-only bytes: cloned
-            return {k: t.clone() for k, t in load(path.read_bytes()).items()}
+        try:
+            return load_file(str(path), device="cpu", backend="pread")
+        except TypeError:  # safetensors before 0.8 has no `backend`: the bytes, read whole
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.frombuffer over read-only bytes: cloned
+                return {k: t.clone() for k, t in load(path.read_bytes()).items()}
+    except Exception as exc:
+        raise LoadError(f"adapter {name!r}: cannot read {path}: {exc}") from None
 
 
 def choose(mv: Any, params: Mapping[str, Any] | None) -> dict[str, Any] | None:

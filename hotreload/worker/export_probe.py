@@ -1,12 +1,10 @@
 """`python -m hotreload.worker.export_probe`: build a model once, for `hotreload export`.
 
-The export runs in the manager, which never imports torch; this short-lived process builds
-the model with the worker's own code (`build_version`, `smoke`: the same factory, weights,
-example and output flattening as serving), and reports the input and output signatures.
-It also writes the example's tensors as raw files for Triton's `model_warmup`.
-
-Spec: JSON on stdin (a worker spec plus "warmup_dir"). Reply: one JSON line on stdout,
-{"ok": true, ...signatures} or {"ok": false, "error": ..., "traceback": ...}.
+The manager never imports torch, so this short-lived process builds the model with the
+worker's own code (`build_version`, `smoke`) and reports the input and output signatures,
+writing the example's tensors as raw files for Triton's `model_warmup`. Spec: JSON on stdin
+(a worker spec plus "warmup_dir"). Reply: one JSON line on stdout, {"ok": true, ...} or
+{"ok": false, "error": ..., "traceback": ...}.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
 
     from hotreload.export_layout import warmup_file
     from hotreload.protocol.tensors import encode_tensors
-    from hotreload.worker.loader import build_version, smoke
+    from hotreload.worker.loader import build_version, pick_device, smoke
     from hotreload.worker.signatures import accepted_parameters
 
     threads = spec.get("threads")
@@ -32,18 +30,15 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(int(threads["intra_op"]))
     # The signature is the same on any device; a GPU is used only where the model asks for
     # one and this machine has it (an export must work on a CPU-only build machine).
-    want = str(spec.get("device") or "auto")
-    on_gpu = want.startswith("cuda") or want == "auto"
-    device = torch.device(
-        ("cuda:0" if want == "auto" else want) if on_gpu and torch.cuda.is_available() else "cpu"
-    )
+    device = pick_device(str(spec.get("device") or "auto") if torch.cuda.is_available() else "cpu")
     mv = build_version(spec, 1, device)
     outputs = smoke(
         mv, None, allow_output_change=True, expected=spec.get("expected_output") or None
     )
     warmup_dir = Path(spec["warmup_dir"])
     warmup_dir.mkdir(parents=True, exist_ok=True)
-    metas, blobs = encode_tensors({k: _host(v) for k, v in mv.example.items()})
+    host = {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in mv.example.items()}
+    metas, blobs = encode_tensors(host)
     for i, blob in enumerate(blobs):
         (warmup_dir / warmup_file(i)).write_bytes(bytes(blob))
     names, any_kw = accepted_parameters(mv.model)
@@ -63,10 +58,6 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
         "any_parameters": any_kw,
         "device": str(device),
     }
-
-
-def _host(value: Any) -> Any:
-    return value.detach().cpu() if hasattr(value, "detach") else value
 
 
 def main() -> int:

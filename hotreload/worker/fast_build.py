@@ -2,14 +2,12 @@
 their random initialization.
 
 `reset_parameters()` of torch's layers and Hugging Face's `_init_weights` fill every
-parameter through `torch.nn.init`; for a model of 1 GiB that is seconds of random numbers
-the file overwrites at once. While the factory runs for such a build, those functions
-leave the tensor as allocated (the same step Hugging Face's `no_init_weights` takes for
-`from_pretrained`). The weights then take the parameters' place
-(`load_state_dict(assign=True)`): the uninitialised blocks are freed untouched, and one
-copy of the file's tensors becomes the parameters. Buffers the module computes itself (a rotary
-`inv_freq`) are computed as usual: only `torch.nn.init` is skipped. What build() did compute
-is digested per tensor on the way (init_values.py: the override warning compares them).
+parameter through `torch.nn.init`: for a 1 GiB model, seconds of random numbers the file
+overwrites at once. While the factory runs for such a build, those functions leave the
+tensor as allocated (as Hugging Face's `no_init_weights` does for `from_pretrained`), and
+the weights then take the parameters' place (`load_state_dict(assign=True)`). Buffers the
+module computes itself (a rotary `inv_freq`) are computed as usual. What build() did compute
+is digested per tensor on the way (init_values.py).
 """
 
 from __future__ import annotations
@@ -24,23 +22,9 @@ import torch
 from hotreload.worker.init_values import InitGiven, built_values, hf_init_skipped, seeded_build
 from hotreload.worker.shared_weights import SharedBlock, copy_into_block
 
-#: The `torch.nn.init` functions layers initialise their parameters with.
-_INIT_NAMES = (
-    "uniform_",
-    "normal_",
-    "trunc_normal_",
-    "constant_",
-    "ones_",
-    "zeros_",
-    "eye_",
-    "dirac_",
-    "xavier_uniform_",
-    "xavier_normal_",
-    "kaiming_uniform_",
-    "kaiming_normal_",
-    "orthogonal_",
-    "sparse_",
-)
+#: The in-place `torch.nn.init` functions layers initialise their parameters with (all of
+#: them: `uniform_`, `kaiming_normal_`, `zeros_`, ...).
+_INIT_NAMES = tuple(n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_"))
 _LOCK = threading.Lock()
 #: The tensors an init function filled, or left, in the build running now.
 _TOUCHED = InitGiven()
@@ -60,7 +44,7 @@ def skipped_init() -> Iterator[InitGiven]:
     was given."""
     with _LOCK:
         _TOUCHED.clear()
-        saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES if hasattr(torch.nn.init, n)}
+        saved = {n: getattr(torch.nn.init, n) for n in _INIT_NAMES}
         for name in saved:
             setattr(torch.nn.init, name, _leave)
         try:
@@ -131,16 +115,14 @@ def owned_tensors(
     shared: bool = False,
     fresh: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[dict[str, torch.Tensor], SharedBlock | None]:
-    """The file's tensors as memory of this process's own, in the dtype of the module's
-    (what copying into them did), ready to become its parameters; on the CPU with
-    `shared`, in one block (shared_weights.py) a respawn worker can map instead of reading
-    the files (shared memory faults in slower than private: only when it will be mapped).
+    """The file's tensors as memory of this process's own, in the module's dtypes, ready to
+    become its parameters; on the CPU with `shared`, in one block (shared_weights.py) a
+    respawn worker can map (shared memory faults in slower than private: only then).
 
     A copy, on purpose: safetensors maps the file, and a parameter over the mapping would
-    die with SIGBUS (the whole serving worker) when the file is rewritten in place
-    (`open(path, "wb")`, as many save functions do) while the old version still serves.
-    `fresh`: keys whose tensors are memory of this process's already (experts stacked by
-    transformers' conversion), not copied again."""
+    kill the serving worker with SIGBUS when the file is rewritten in place
+    (`open(path, "wb")`, as many save functions do). `fresh`: keys whose tensors are this
+    process's memory already (experts stacked by transformers' conversion)."""
     own = model.state_dict(keep_vars=True)
     out: dict[str, torch.Tensor] = {}
     host: dict[str, torch.Tensor] = {}

@@ -1,18 +1,14 @@
 """Import the user's code from its source every time, never from a cached .pyc.
 
-A .pyc is trusted when the source's mtime, in whole seconds, and its size match what the
-.pyc recorded. An edit saved within the same second as the last import that keeps the
-file's length (`SCALE = 2.0` -> `SCALE = 3.0`) therefore re-imports the *old* code, and a
-reload would silently serve the previous version. Only modules under the model's code
-folders go through here; every other import (torch, site-packages) keeps its .pyc.
+A .pyc is trusted when the source's mtime, in whole seconds, and its size match what it
+recorded: an edit saved within the second of the last import that keeps the file's length
+(`SCALE = 2.0` -> `SCALE = 3.0`) would re-import the old code. Only modules under the
+model's code folders go through here; every other import keeps its .pyc.
 
 The bytes compiled are those of the build's snapshot (engine/snapshots.py) where it copied
-the file: the code on disk when the build started. An edit saved after the snapshot, while
-the worker was still starting or the build waited for the device, goes to the next reload
-(the watcher saw it), not into this version beside a snapshot that says otherwise (issue
-38: a restart, the "unchanged" check and the output gate all go by the snapshot). The code
-keeps the live file's name: tracebacks, `__file__` and data read beside it are the
-project's, and linecache is given the lines compiled, so a traceback shows them.
+the file: an edit saved after the snapshot goes to the next reload (the watcher saw it),
+not into this version beside a snapshot that says otherwise. The code keeps the live file's
+name (tracebacks, `__file__`, data read beside it), and linecache gets the lines compiled.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import importlib.util
 import linecache
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
@@ -46,6 +42,27 @@ def folder_prefixes(roots: Sequence[Path]) -> tuple[str, ...]:
         {os.path.join(os.path.abspath(r), "") for r in roots}
         | {os.path.join(os.path.realpath(r), "") for r in roots}
     )
+
+
+#: Installed packages are never the project's, even inside a code folder (a project's .venv).
+_INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (sys.prefix, sys.base_prefix)})
+
+
+def in_project(path: str, prefixes: tuple[str, ...]) -> bool:
+    """Is the absolute `path` inside the code folders (`prefixes`), and no installed file?"""
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    return path.startswith(prefixes) and not path.startswith(_INSTALLED)
+
+
+def loaded_files() -> Iterator[tuple[str, ModuleType, str]]:
+    """(name, module, absolute file) of each loaded module with a file (not a built-in,
+    frozen or namespace one). Runs over ~1,200 modules once torch is in: no abspath where
+    the file is absolute already (nearly always)."""
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if file:
+            yield name, mod, file if os.path.isabs(file) else os.path.abspath(file)
 
 
 #: Source files compiled since the build began (worker/imported_files.py tells the manager).
@@ -103,16 +120,13 @@ def stale_modules(roots: Sequence[Path], gone: Sequence[Path] = ()) -> list[str]
     """The user's modules that are not the code a build is to run now: one compiled from
     other bytes than its source (`source_path`) holds now (a failed build imported an edit
     since undone, or the file was saved again), and any module under `gone` (code paths the
-    worker no longer loads from: the snapshot it restarted on). A reload that would keep
-    the loaded modules (weights only) re-imports them all when there is one (issue 38)."""
+    worker no longer loads from: the snapshot it restarted on)."""
     inside, left = folder_prefixes(roots), folder_prefixes(gone) if gone else ()
     out: list[str] = []
     files: dict[str, str] = {}
-    for name, mod in list(sys.modules.items()):
-        file = getattr(mod, "__file__", None)
-        if not file or "site-packages" in file:
+    for name, mod, file in loaded_files():
+        if "site-packages" in file:
             continue
-        file = os.path.abspath(file)
         if left and file.startswith(left):
             out.append(name)
         loader = getattr(getattr(mod, "__spec__", None), "loader", None)
@@ -121,15 +135,16 @@ def stale_modules(roots: Sequence[Path], gone: Sequence[Path] = ()) -> list[str]
     return out + [files[path] for path in stale(list(files))]
 
 
-def must_reimport(header: Mapping[str, Any], roots: Sequence[Path], old: Sequence[Path]) -> bool:
-    """Does a LOAD (`header`) drop the user's modules to import them again? When it says
-    so, and when it is a reload's build (its header names the code: the files) whose
-    loaded modules are not the code on disk when it started (`stale_modules`): the code a
-    version runs is that code, whatever an earlier build left imported."""
-    if header.get("reimport", True):
+def must_reimport(request: Any, roots: Sequence[Path], old: Sequence[Path]) -> bool:
+    """Does a LOAD (`request`: protocol/messages.py LoadRequest) drop the user's modules to
+    import them again? When it says so, and when it is a reload's build (it names the code:
+    the files) whose loaded modules are not the code on disk when it started
+    (`stale_modules`): the code a version runs is that code, whatever an earlier build left
+    imported."""
+    if request.reimport:
         return True
     gone = [r for r in old if r not in roots]
-    return bool(header.get("code")) and bool(stale_modules(roots, gone))
+    return bool(request.code) and bool(stale_modules(roots, gone))
 
 
 class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
@@ -157,21 +172,13 @@ class UserCodeFinder(importlib.abc.MetaPathFinder):
     come first): finds modules the normal way, inside the code folders only, and gives
     those found there a SourceOnlyLoader."""
 
-    def __init__(self) -> None:
-        self.prefixes: tuple[str, ...] = ()
-        # Installed packages keep their .pyc even inside a code folder (a project's .venv).
-        self.installed = tuple(
-            {os.path.join(os.path.abspath(p), "") for p in (sys.prefix, sys.base_prefix)}
-        )
+    prefixes: tuple[str, ...] = ()
 
     def set_roots(self, roots: Sequence[Path]) -> None:
         self.prefixes = folder_prefixes(roots)
 
     def _inside(self, path: str) -> bool:
-        folder = os.path.join(os.path.abspath(path or "."), "")
-        if "site-packages" in folder or "dist-packages" in folder:
-            return False
-        return folder.startswith(self.prefixes) and not folder.startswith(self.installed)
+        return in_project(os.path.join(os.path.abspath(path or "."), ""), self.prefixes)
 
     def find_spec(
         self,

@@ -207,7 +207,7 @@ def _top(lp: torch.Tensor, k: int, tok: Tokenizer) -> dict[str, float]:
     values, ids = torch.topk(lp, k)
     top: dict[str, float] = {}
     for v, i in zip(values.tolist(), ids.tolist(), strict=True):
-        top.setdefault(tok.token_text(i), v)  # two ids with one text: the likelier stays
+        top.setdefault(tok.decode([i]), v)  # two ids with one text: the likelier stays
     return top
 
 
@@ -241,9 +241,8 @@ def complete(
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     logits, cache = call(ids)
     lp_rows: list[torch.Tensor] = []  # log-softmax of the position before each new token
-    lp_ids: list[int] = []
     tokens_out: list[int] = []
-    eos_made = 0
+    eos_made = False
     want_lp = s.logprobs is not None
     prompt_lp = logits[0].float().log_softmax(-1) if (s.echo and want_lp) else None
     last = logits[0, -1].float()
@@ -258,10 +257,9 @@ def complete(
             # Every new token is scored, the end-of-text one too: lm-eval reads the prompt's
             # log-probabilities as all but the last entry (it asks for max_tokens=1).
             lp_rows.append(last.log_softmax(-1))
-            lp_ids.append(nxt)
         if tok.eos_id is not None and nxt == tok.eos_id:
             finish = "stop"
-            eos_made = 1
+            eos_made = True
             break
         tokens_out.append(nxt)
         text = tok.decode(tokens_out)
@@ -278,13 +276,11 @@ def complete(
             whole = torch.tensor([prompt_ids + tokens_out], dtype=torch.long, device=device)
             logits, cache = call(whole)
         last = logits[0, -1].float()
-    logprobs = None
-    if want_lp:
-        logprobs = _legacy_logprobs(tok, prompt_ids, prompt_lp, lp_ids, lp_rows, s)
+    made = [*tokens_out, nxt] if eos_made else tokens_out  # the end-of-text token counts
+    logprobs = _legacy_logprobs(tok, prompt_ids, prompt_lp, made, lp_rows, s) if want_lp else None
     if s.echo:
         text = tok.decode(prompt_ids) + text
-    made = len(tokens_out) + eos_made
-    return Completion(text, finish, len(prompt_ids), made, logprobs, first_token_s)
+    return Completion(text, finish, len(prompt_ids), len(made), logprobs, first_token_s)
 
 
 def _legacy_logprobs(
@@ -316,7 +312,7 @@ def _legacy_logprobs(
         ids.append(t)
         token_lp.append(float(row[t]))
         top.append(_top(row, k, tok) if k > 0 else {})
-    texts = [tok.token_text(i) for i in ids]
+    texts = [tok.decode([i]) for i in ids]
     start = 0 if s.echo else len(tok.decode(prompt_ids))
     offsets = []
     for t in texts:

@@ -1,19 +1,14 @@
 """Hugging Face checkpoints read as `from_pretrained` reads them.
 
-transformers 5 renames and fuses weights between a checkpoint and the module: ViT's
-`attention.attention.key` is `attention.k_proj` in the module, Mixtral's 8 per-expert
-`experts.N.w1.weight` are one fused `experts.gate_up_proj`. `save_pretrained` writes the
-original names by default (`save_original_format=True`) and `from_pretrained` converts them
-back. A factory that builds the model from its config and declares the saved file as
-`weights` needs the same conversion, so it runs transformers' own: the transforms
-`get_model_conversion_mapping` lists for the model, applied key by key with
-`rename_source_key` and each `WeightConverter`'s operations, as
-`convert_and_load_state_dict_in_model` does. Only the last step differs: the converted
-tensors come back as a state dict, which the strict load (weights.py) then places, so ties,
-the assigning load, the shared block and the checks stay one path for every model.
-
-Nothing here imports transformers unless the factory did (it is in `sys.modules`): a model
-that is not a `PreTrainedModel` pays one dict lookup.
+transformers 5 renames and fuses weights between a checkpoint and the module (ViT's
+`attention.attention.key` is `attention.k_proj`; Mixtral's per-expert `experts.N.w1.weight`
+are one fused `experts.gate_up_proj`): `save_pretrained` writes the original names and
+`from_pretrained` converts them back. A factory that builds the model from its config and
+declares the saved file as `weights` needs the same conversion, so it runs transformers'
+own (`get_model_conversion_mapping`, `rename_source_key`, each `WeightConverter`), as
+`convert_and_load_state_dict_in_model` does, but returns a state dict for the strict load
+(weights.py): ties, the assigning load, the shared block and the checks stay one path.
+Nothing here imports transformers unless the factory did.
 """
 
 from __future__ import annotations

@@ -1,28 +1,22 @@
 """Which of the project's files a build imported, told to the manager in the LOAD reply.
 
 The manager's watcher reloads a model when a file it imported changes, not on every save in
-its folder (issue 28). The worker is the one that knows: after a build, every module in
-`sys.modules` whose file lies in the model's code folders was imported by this version (the
-reload dropped the previous version's first). A build that fails is told too, with the
-files it tried to compile (`fresh_source.SourceOnlyLoader` notes each one before compiling
-it, so the file with the syntax error is among them): the manager keeps watching those, and
-saving the fix reloads the model. Files of installed packages (site-packages, a project's
-.venv) and the standard library are never reported.
+its folder. After a build, every module in `sys.modules` whose file lies in the model's code
+folders was imported by this version (the reload dropped the previous version's first). A
+failed build is told too, with the files it tried to compile (`SourceOnlyLoader` notes each
+before compiling it, so the file with the syntax error is among them): saving the fix
+reloads the model. Installed packages and the standard library are never reported.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hotreload.worker.fresh_source import compiled, folder_prefixes
-
-_INSTALLED = tuple({os.path.join(os.path.abspath(p), "") for p in (sys.prefix, sys.base_prefix)})
-
+from hotreload.worker.fresh_source import compiled, folder_prefixes, in_project, loaded_files
 
 #: Set on the exception of a failed build: the files it imported or tried to.
 _ATTR = "_hotreload_imported_files"
@@ -55,22 +49,16 @@ def failure_fields(exc: BaseException) -> dict[str, Any]:
     return {} if files is None else {"imports": files}
 
 
-def _project_file(path: str, prefixes: tuple[str, ...]) -> bool:
-    if "site-packages" in path or "dist-packages" in path:
-        return False
-    return path.startswith(prefixes) and not path.startswith(_INSTALLED)
-
-
 def imported_files(roots: Sequence[Path]) -> list[str]:
     """The files under `roots` that the loaded modules (and the build's compiles) came from."""
     global _last
     prefixes = folder_prefixes(roots)
-    found = {p for p in list(compiled) if _project_file(p, prefixes)}
+    found = {p for p in list(compiled) if in_project(p, prefixes)}
     count, seen_prefixes, modules = _last
     if count != len(sys.modules) or seen_prefixes != prefixes:
-        # ~1,200 modules once torch is in (a few ms): the smoke test's ask, after the
-        # load's, scans again only when something was imported in between.
-        modules = frozenset(_module_files(prefixes))
+        # A few ms: the smoke test's ask, after the load's, scans again only when something
+        # was imported in between.
+        modules = frozenset(f for _, _, f in loaded_files() if in_project(f, prefixes))
         _last = (len(sys.modules), prefixes, modules)
     return sorted(found | modules)
 
@@ -87,27 +75,13 @@ def libraries() -> list[str]:
     Hugging Face model's first build in a new process spent seconds importing transformers."""
     out: list[str] = []
     size = 0
-    for name, mod in list(sys.modules.items()):
+    for name, _, file in loaded_files():
         if name in _AT_START or name.startswith("__"):
             continue
-        file = getattr(mod, "__file__", None) or ""
         if "site-packages" not in file and "dist-packages" not in file:
             continue
         size += len(name) + 3
         if size > MAX_LIBRARY_CHARS:
             break
         out.append(name)
-    return out
-
-
-def _module_files(prefixes: tuple[str, ...]) -> list[str]:
-    out = []
-    for mod in list(sys.modules.values()):
-        file = getattr(mod, "__file__", None)
-        if not file:
-            continue  # built-in, frozen or a namespace package
-        if not os.path.isabs(file):
-            file = os.path.abspath(file)
-        if _project_file(file, prefixes):
-            out.append(file)
     return out

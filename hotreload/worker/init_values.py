@@ -1,28 +1,21 @@
 """What build() set each parameter to, before the weights files replaced it.
 
 The override warning (engine/model/override_check.py) is true only when an edit changed a
-value build() gives a parameter and the weights file then replaced it: editing `SCALE` in
-`nn.Parameter(torch.full((4,), SCALE))` changes nothing that serves. So each version
-records a digest per tensor of what build() left, for the tensors the files then replaced,
-and the manager compares them with the previous version's.
+value build() gives a parameter that the weights file then replaced: editing `SCALE` in
+`nn.Parameter(torch.full((4,), SCALE))` changes nothing that serves. So each version records
+a digest per tensor of what build() left, for the tensors the files replaced, and the
+manager compares them with the previous version's.
 
-What is digested is only what build() computed itself: a tensor an init function was given
+Only what build() computed itself is digested: a tensor an init function was given
 (`torch.nn.init`, or transformers' own, `hf_init_skipped`) is left as allocated while a
-build runs with weights (fast_build.py), or filled at random, and holds no value build()
-chose, so it is left out (its data pointer was recorded then). The build runs under a
-fixed seed, on a forked RNG, so a value drawn at random (`torch.randn`) is the same for the
-same code. Cost: one blake2b pass over the tensors build() computed outside the init
-functions, on the loader thread; for usual models (layers initialised by
-`reset_parameters`, Hugging Face's `_init_weights`) that is a few small tensors or none,
-not the model. A limit: a parameter made with `torch.empty` and given no init at all holds
-whatever the allocator had, which may differ from one build to the next.
-
-A parameter an init function was given is left out by the parameter object too, not only
-by its memory: transformers ties ModernBERT's decoder and then pads its bias
-(`_adjust_bias`: `bias.data = pad(bias.data, ...)`), a copy of the memory the skipped init
-left as allocated, different on every build; the digest of it warned of an override on
-every code edit (issue 38). The other side: a value build() itself puts into such a
-parameter afterwards (`layer.bias.data = torch.full(...)`, or `copy_`) is not seen either.
+build with weights runs (fast_build.py) and holds no value build() chose, so it is left out,
+by its memory and by the parameter object (transformers pads ModernBERT's tied decoder bias,
+`bias.data = pad(bias.data, ...)`: a copy of that uninitialised memory, different on every
+build). The other side: a value build() itself puts into such a parameter afterwards is not
+seen. The build runs under a fixed seed, on a forked RNG, so `torch.randn` draws the same
+for the same code; a parameter made with `torch.empty` and no init at all holds whatever the
+allocator had. Cost: one blake2b pass over the few tensors build() computed outside the init
+functions (usual layers initialise through them), on the loader thread.
 """
 
 from __future__ import annotations
@@ -97,13 +90,11 @@ def built_values(model: object, skipped: InitGiven) -> dict[str, str]:
 
 @contextlib.contextmanager
 def hf_init_skipped(record: Callable[[torch.Tensor], object]) -> Iterator[None]:
-    """transformers' init functions (`transformers.initialization`) call the torch ones it
-    captured at import, in `TORCH_INIT_FUNCTIONS`, which a patch of `torch.nn.init` does
-    not reach (so every Hugging Face model paid its full random init before the file
-    replaced it). While the block runs they leave a Parameter as allocated: a parameter is
-    in the state dict, so the strict load fills it from the files or refuses. A buffer is
-    still initialised (a non-persistent one is in no file). `record` is told each tensor
-    given to them. Nothing happens when transformers is not imported."""
+    """transformers' init functions call the torch ones it captured at import
+    (`TORCH_INIT_FUNCTIONS`), which a patch of `torch.nn.init` does not reach. While the
+    block runs they leave a Parameter as allocated (the strict load fills it from the files
+    or refuses); a buffer is still initialised (a non-persistent one is in no file).
+    `record` is told each tensor given to them. Nothing happens without transformers."""
     module = sys.modules.get("transformers.initialization")
     table = getattr(module, "TORCH_INIT_FUNCTIONS", None)
     if not isinstance(table, dict):

@@ -25,7 +25,7 @@ from hotreload import runtime
 from hotreload.errors import did_you_mean
 from hotreload.worker import adapter_copy, smoke_checks
 from hotreload.worker.fast_build import build_without_init
-from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes
+from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes, loaded_files
 from hotreload.worker.inputs import to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
@@ -43,8 +43,6 @@ from hotreload.worker.signatures import (
     output_signature,
     parameter_problem,
 )
-from hotreload.worker.smoke_checks import check_expected as _check_expected
-from hotreload.worker.smoke_checks import fmt_sig as _fmt_sig
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
 
@@ -101,43 +99,10 @@ class ModelVersion:
         }
 
 
-# ----------------------------------------------------------------------------- importing
-
-
-def _prefixes(roots: Sequence[Path]) -> tuple[str, ...]:
-    out = []
-    for r in roots:
-        for form in {os.path.abspath(r), os.path.realpath(r)}:
-            out += [form, form.rstrip(os.sep) + os.sep]
-    return tuple(out)
-
-
-def _under(path: str | None, roots: Sequence[Path]) -> bool:
-    """String-prefix test: called for every loaded module on each reload, so no resolve()."""
-    if not path:
-        return False
-    prefixes = _prefixes(roots)
-    p = os.path.abspath(path)
-    return any(p == pre or p.startswith(pre) for pre in prefixes if pre.endswith(os.sep)) or (
-        p in prefixes
-    )
-
-
 def user_module_names(roots: Sequence[Path]) -> list[str]:
     """Modules currently imported from the model's folders (site-packages excluded)."""
     prefixes = folder_prefixes(roots)
-    names = []
-    # Runs on every reload over ~1,200 modules once torch is in: no per-module abspath
-    # where the file is absolute already (nearly always).
-    for name, mod in list(sys.modules.items()):
-        file = getattr(mod, "__file__", None)
-        if not file or "site-packages" in file:
-            continue
-        if not os.path.isabs(file):
-            file = os.path.abspath(file)
-        if file.startswith(prefixes):
-            names.append(name)
-    return names
+    return [n for n, _, f in loaded_files() if "site-packages" not in f and f.startswith(prefixes)]
 
 
 def drop_user_modules(roots: Sequence[Path]) -> list[str]:
@@ -158,7 +123,7 @@ def user_modules(roots: Sequence[Path]) -> dict[str, Any]:
 def restore_user_modules(roots: Sequence[Path], modules: dict[str, Any]) -> None:
     """Put back the user's modules a version was built with: a refused build of an edit
     since undone left its own imported, and a push (the serving code, never the files)
-    whose build() runs must find the serving version's, not those (issue 38, item 10)."""
+    whose build() runs must find the serving version's, not those."""
     for name in user_module_names(roots):
         if sys.modules.get(name) is not modules.get(name):
             sys.modules.pop(name, None)
@@ -192,7 +157,9 @@ def resolve(entry: dict[str, Any], root: Path) -> Any:
         _path_first(str(file.parent))
         mod_name = file.stem
         module = sys.modules.get(mod_name)
-        if module is None or not _under(getattr(module, "__file__", None), [file]):
+        loaded = getattr(module, "__file__", None)
+        paths = {os.path.abspath(file), os.path.realpath(file)}
+        if not loaded or os.path.abspath(loaded) not in paths:
             # Compiled from the source, never a .pyc that an edit in the same second fools.
             spec = importlib.util.spec_from_file_location(
                 mod_name, file, loader=SourceOnlyLoader(mod_name, str(file))
@@ -248,9 +215,6 @@ def call_model(
     if form == FORM_TUPLE:
         return model(*inputs.values(), **kw)
     return model(**inputs, **kw)
-
-
-# ----------------------------------------------------------------------------- build
 
 
 def pick_device(requested: str) -> torch.device:
@@ -455,13 +419,14 @@ def smoke(
     )
     sig = output_signature(outputs, out_form)
     if expected:
-        _check_expected(sig, expected)
+        smoke_checks.check_expected(sig, expected)
     if previous is not None and not allow_output_change:
         old = [{k: e[k] for k in ("name", "dtype", "shape")} for e in previous]
         new = [{k: e[k] for k in ("name", "dtype", "shape")} for e in sig]
         if old != new:
             raise LoadError(
-                f"smoke test: output changed from {_fmt_sig(old)} to {_fmt_sig(new)}; "
+                f"smoke test: output changed from {smoke_checks.fmt_sig(old)} to "
+                f"{smoke_checks.fmt_sig(new)}; "
                 "set allow_output_change = true in the model's config if that is intended"
             )
     mv.output_signature = sig

@@ -1,17 +1,14 @@
 """The building process is the one the kernel's OOM killer picks.
 
-When a standby worker's build ran out of memory, the kernel killed the serving worker
-6 ms after it: the OOM killer picks the largest process, and the serving one, holding a
-whole model, was larger than the build half way. A build therefore raises this process's
-`oom_score_adj` to the maximum while it runs, and sets it back after: a build that runs
-out of memory loses itself, and the version that serves stays up. (An unprivileged
-process may raise its score and lower it back to where it was; never below.)
+The OOM killer picks the largest process, and a serving worker holding a whole model is
+larger than a standby's build half way: a build that ran out of memory killed the serving
+worker. So a build raises this process's `oom_score_adj` to the maximum while it runs, and
+sets it back after (an unprivileged process may lower it back to where it was, never below).
 
-Outside a build, a worker still sits above the manager that started it
-(`WORKER_OOM_SCORE_OFFSET`): under `inplace` the serving worker builds, warms and smoke-tests
-the next version itself, and an out-of-memory there killed the worker and, 9 ms later, the
-manager too (1 run in 4, in a 1.5 GiB cgroup). The manager holds no model; with the worker
-marked, the kernel takes every worker first, and the session lives to restart one.
+Outside a build a worker still sits `WORKER_OOM_SCORE_OFFSET` above the manager that started
+it: under `inplace` the serving worker builds the next version itself, and an out-of-memory
+there took the manager down too. The manager holds no model; with every worker marked first,
+the session lives to restart one.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from typing import Any
 #: The score a build runs with: the kernel's maximum, "kill this one first".
 BUILD_OOM_SCORE_ADJ = 1000
 _PATH = "/proc/self/oom_score_adj"
-
-
 #: How far above its manager a worker's score is set when it starts (the kernel's range is
 #: -1000..1000; half of it outweighs any manager's size against a worker holding a model).
 WORKER_OOM_SCORE_OFFSET = 500

@@ -1,13 +1,11 @@
 """Pacing a build while the worker serves: the requests keep the CPU.
 
-A reload builds the next version (import, factory, weights, warm-up passes, smoke test) on
-the loader thread of the worker that is serving. On a machine whose cores are busy with
-requests, that work takes its share of the CPU (and of the GIL) from every request that
-overlaps it: measured on 2 cores at 32 clients, a 25 ms build made those requests ~35 %
-slower. Pausing after each step, for `factor` times the step's own duration, lets the
-serving thread run at full speed most of the reload, at the cost of a longer reload. The
-pauses happen only when the serving thread was busy for most of the step just done, so a
-reload on an idle or lightly used model is as fast as ever.
+A reload builds the next version on the loader thread of the worker that serves, and that
+work takes its share of the CPU and the GIL from every request it overlaps (on 2 cores at 32
+clients, a 25 ms build made those requests ~35 % slower). Pausing after each step, `factor`
+times the step's own duration, lets serving run at full speed most of the reload, at the
+cost of a longer reload; only when the serving thread was busy for most of the step, so a
+reload of an idle model is as fast as ever.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ from collections.abc import Callable
 #: The longest single pause: a model whose steps take seconds is paced a little, not
 #: slowed by minutes.
 MAX_PAUSE_S = 0.05
-
-
 #: The serving thread busy for more than this share of a step means the requests are
 #: competing with the build; a light poll (a developer's loop) does not slow a reload down.
 BUSY_SHARE = 0.5
@@ -50,7 +46,7 @@ class Pacer:
         now, busy = self.clock(), self.busy_seconds()
         worked = now - self._mark
         share = (busy - self._busy_mark) / worked if worked > 0 else 0.0
-        if self.factor > 0 and worked > 0 and share > BUSY_SHARE:
+        if self.factor > 0 and share > BUSY_SHARE:
             pause = min(worked * self.factor, self.max_pause_s)
             self.sleep(pause)
             self.paused_s += pause

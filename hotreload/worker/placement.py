@@ -1,16 +1,13 @@
 """Builds run off the serving CPUs (`cpus` in the config; the manager's side is
 engine/cpus.py).
 
-The manager moves a whole worker process onto the serving CPUs when it starts serving, and
-it cannot tell which of its threads do builds: the loader thread, and the threads a build
-starts (torch's OpenMP pool for the loader thread, a user's prefetch thread), which the
-kernel starts on their creator's CPUs. So the loader thread puts itself, and every thread
-started during an earlier build, back on the build CPUs before each task. Between tasks
-they are idle, so where the manager left them costs nothing.
-
-A thread that another thread (the serving thread's own OpenMP pool, say) happens to start
-while a build runs is counted as the build's: rare (a pool starts once, on the first
-parallel forward), and it only means that thread runs on the build CPUs.
+The manager moves a whole worker process onto the serving CPUs when it starts serving; it
+cannot tell which threads do builds (the loader thread, and those a build starts: torch's
+OpenMP pool, a user's prefetch thread, which begin on their creator's CPUs). So the loader
+thread puts itself, and every thread started during an earlier build, back on the build CPUs
+before each task; idle between tasks, they cost nothing wherever the manager left them. A
+thread another thread happens to start while a build runs counts as the build's: rare (a
+pool starts once), and it only runs on the build CPUs.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """A push's next version without calling build(): the serving module, copied as a structure.
 
-A push changes weights only: the code was not imported again and the weights files did
-not change, so build() would make the module the serving version already is. Calling it
-is most of what a push costs the serving worker: a Hugging Face model's constructor runs
-Python over every layer (about 10 ms for a two-layer Llama, under the serving
-interpreter's lock, while evals wait). The copy is a new object per module with its own
-tables of parameters, buffers and submodules (`adapter_copy.structure_copy`, about 10 us
-a module); `place_weights` then assigns every weight tensor into it, so each parameter of
-the copy is a new `Parameter` of its own: the serving version's stay as they are, and a
-later `.to()` of one version cannot move the other's.
+A push changes weights only, so build() would make the module the serving version already
+is, and calling it is most of what a push costs the serving worker (a Hugging Face model's
+constructor runs Python over every layer, under the serving interpreter's lock). The copy
+(`adapter_copy.structure_copy`, ~10 us a module) gets every weight tensor assigned by
+`place_weights`: each parameter is a new `Parameter` of its own, so the serving version's
+stay as they are and a later `.to()` of one version cannot move the other's.
 
-Not taken (build() runs as before) for TorchScript, declared adapters (adapter_copy.py
-has its own copy), a serving version offloaded to the host or built with some files
-changed (a re-saved shard), and when torch swaps tensors in place on assignment
-(`torch.__future__.set_swap_module_params_on_conversion(True)`: the swap would reach the
-serving version's tensors through the shared objects). Nor for a module that holds a
-way back to the serving modules the copy cannot redirect: a module of `torch.compile`
-(its `forward` is the serving module's, bound), a bound method of a module kept as an
-attribute, a hook (weight norm, accelerate's offload: functions over the old modules), or
-a parametrization (`torch.nn.utils.parametrize`, which refuses to be copied).
+Not taken (build() runs) for TorchScript, declared adapters (adapter_copy.py), a serving
+version offloaded or built with some files changed, torch swapping tensors in place on
+assignment (`set_swap_module_params_on_conversion`: the swap would reach the serving
+tensors), or a module holding a way back to the serving modules the copy cannot redirect:
+`torch.compile`'s wrapper, a bound method of a module kept as an attribute, a hook, a
+parametrization (which refuses to be copied).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """A state a client pushed (`protocol/shared_state.py`) into tensors this worker owns.
 
-CUDA tensors come in a few chunks, one IPC handle each (protocol/cuda_chunks.py). Each
-chunk is opened once and each tensor copied out of it once, into memory of the worker's
-own on its device: the trainer frees its chunks as soon as the reply is back, and a
-parameter left over the trainer's memory would vanish under a serving model.
+CUDA tensors come in a few chunks, one IPC handle each (protocol/cuda_chunks.py), each
+opened once and each tensor copied out of it once, into the worker's own memory on its
+device: the trainer frees its chunks as soon as the reply is back.
 
 memfd tensors for a CPU worker are not copied at all: the memfd is sealed against writes
-and resizing (checked before it is used), so its pages cannot change or go away, and the
-tensors are views of a private (copy-on-write) mapping of it. The new version's weights are
-the pushed pages as they are: no read into fresh memory, whose page faults bounded a push
-(about 2 GB/s here: a 1 GiB push spent 1.3 s there). The mapping outlives the memfd's
-descriptor, and a write to a parameter (rare in serving) copies only its page. For a GPU
-worker they are read with `preadv` into one host tensor at a time, then copied over.
+and resizing (checked before use), so its pages cannot change or go away, and the tensors
+are views of a private (copy-on-write) mapping of it: no read into fresh memory, whose page
+faults bounded a push (a 1 GiB push spent 1.3 s there). For a GPU worker they are read with
+`preadv` into one host tensor at a time, then copied over.
 """
 
 from __future__ import annotations
@@ -29,18 +26,6 @@ import torch
 from hotreload.protocol import cuda_chunks
 from hotreload.protocol.shared_state import REQUIRED_SEALS, validate_descriptor
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-}
 #: One read(2) moves at most this much (Linux caps a call at 2 GiB - 4 KiB).
 _MAX_IO = 1 << 30
 
@@ -50,10 +35,8 @@ def read_state(
 ) -> dict[str, torch.Tensor]:
     """The pushed tensors, in descriptor order, each a tensor of this process's own on
     `device`. ValueError, saying what is wrong, for a bad descriptor or memory that is gone
-    (the client closed it before the worker read it) or is not the one described.
-
-    Read a descriptor once: each CUDA IPC handle counts one reader. A descriptor that fails
-    validation is left untouched (its handles cannot be trusted to give counts back)."""
+    (the client closed it first) or is not the one described. Read a descriptor once: each
+    CUDA IPC handle counts one reader; one that fails validation is left untouched."""
     validate_descriptor(descriptor)
     target = torch.device(device)
     out: dict[str, torch.Tensor] = {}
@@ -75,9 +58,6 @@ def read_state(
         # The copies ran on this thread's stream; the version may serve on another.
         torch.cuda.current_stream(target).synchronize()
     return out
-
-
-# ----------------------------------------------------------------------------- memfd
 
 
 @contextlib.contextmanager
@@ -146,41 +126,30 @@ def _mapped_tensor(mapped: mmap.mmap, entry: Mapping[str, Any]) -> torch.Tensor:
     """The tensor `entry` describes, as a view of the mapping (it keeps the mapping alive).
     Its offset is 64-byte aligned (validate_descriptor), as torch's own allocations are, so
     kernels take the same code path, with the same rounding, as on a copy."""
-    dtype = _TORCH_DTYPES[entry["dtype"]]
+    dtype = getattr(torch, entry["dtype"])
     nbytes = int(entry["nbytes"])
     if nbytes == 0:
         return torch.empty(entry["shape"], dtype=dtype)
-    count = nbytes // torch.empty((), dtype=dtype).element_size()
+    count = nbytes // dtype.itemsize
     flat = torch.frombuffer(mapped, dtype=dtype, count=count, offset=int(entry["offset"]))
     return flat.reshape(entry["shape"])
 
 
-def _byte_view(t: torch.Tensor) -> memoryview:
-    """The writable bytes of a contiguous CPU tensor (0-d included)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
 def _read_memfd_tensor(fd: int, entry: Mapping[str, Any], target: torch.device) -> torch.Tensor:
-    dtype = _TORCH_DTYPES[entry["dtype"]]
     # On the CPU it lands in the tensor it becomes; for the GPU through one host tensor at
     # a time (a pinned double buffer would overlap the two copies; not worth it yet).
-    host = torch.empty(entry["shape"], dtype=dtype)
-    nbytes = entry["nbytes"]
-    if nbytes:
-        view = _byte_view(host)
-        got = 0
-        while got < nbytes:
-            n = os.preadv(fd, [view[got : got + _MAX_IO]], entry["offset"] + got)
-            if n == 0:
-                raise ValueError(
-                    f"the pushed state ended inside tensor {entry['name']!r} "
-                    f"({got} of {nbytes} bytes read)"
-                )
-            got += n
+    host = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+    view = memoryview(host.reshape(-1).view(torch.uint8).numpy())
+    got, nbytes = 0, entry["nbytes"]
+    while got < nbytes:
+        n = os.preadv(fd, [view[got : got + _MAX_IO]], entry["offset"] + got)
+        if n == 0:
+            raise ValueError(
+                f"the pushed state ended inside tensor {entry['name']!r} "
+                f"({got} of {nbytes} bytes read)"
+            )
+        got += n
     return host if target.type == "cpu" else host.to(target)
-
-
-# ----------------------------------------------------------------------------- CUDA IPC
 
 
 def _local_cuda_index(chunk: Mapping[str, Any], name: str) -> int:
@@ -238,7 +207,7 @@ class _Chunks:
         }
 
     def copy(self, entry: Mapping[str, Any], target: torch.device) -> torch.Tensor:
-        dtype = _TORCH_DTYPES[entry["dtype"]]
+        dtype = getattr(torch, entry["dtype"])
         shape, i = entry["shape"], entry["chunk"]
         if i is None:
             return torch.empty(shape, dtype=dtype, device=target)

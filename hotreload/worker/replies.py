@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hotreload.protocol.framing import pack_spilling
-from hotreload.protocol.replies import SyncReply
+from hotreload.protocol.messages import DigestReply, SyncReply
 from hotreload.worker.loader import LoadError
 
 _INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<frozen importlib")
@@ -96,27 +96,26 @@ def answer_bad(send: Callable[[dict[str, Any]], None]) -> Callable[[Exception], 
     return answer
 
 
-def sync_version(device: Any, mv: Any, deadline_s: float) -> dict[str, Any]:
+def sync_version(device: Any, mv: Any, deadline_s: float) -> SyncReply:
     """The SYNC reply for version `mv` (None: every stream): its CUDA streams synced within
     `deadline_s` (worker/sync.py), or skipped on the CPU."""
     if device.type != "cuda":
-        return SyncReply(skipped=True, reason="CPU device: no CUDA streams").wire()
+        return SyncReply(skipped=True, reason="CPU device: no CUDA streams")
     from hotreload.worker.sync import sync_streams  # cuda-python: only where CUDA is
 
     return sync_streams(mv.version if mv else None, deadline_s)
 
 
-def digest_fields(mv: Any, digest: str) -> dict[str, Any]:
+def digest_reply(mv: Any, digest: str) -> DigestReply:
     """Op DIGEST's answer once the version's hashing is done: the digest, its adapters'
     (the base's is in now), the bytes it hashed, and the leaves of the weights block it
     read the files into and of its pushes (the session hands them to the next worker that
     maps them: worker/shared_weights.py)."""
-    out: dict[str, Any] = {"digest": digest, "hashed_bytes": mv.hashed_bytes}
-    if mv.weights.adapters is not None:
-        out["adapters"] = mv.weights.adapters.wire()
     block = mv.weights.shared
-    if block is not None and block.leaves:
-        out["block_leaves"] = block.leaves
-    if mv.weights.overlay_leaves:
-        out["overlay_leaves"] = mv.weights.overlay_leaves
-    return out
+    return DigestReply(
+        digest=digest,
+        hashed_bytes=mv.hashed_bytes,
+        adapters=mv.weights.adapters.wire() if mv.weights.adapters is not None else None,
+        block_leaves=block.leaves if block is not None and block.leaves else None,
+        overlay_leaves=mv.weights.overlay_leaves or None,
+    )

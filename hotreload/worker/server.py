@@ -21,9 +21,33 @@ import numpy as np
 import psutil
 import torch
 
+from hotreload.errors import ProtocolError
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
+from hotreload.protocol.messages import (
+    OPS,
+    DigestReply,
+    DigestRequest,
+    Done,
+    FreedReply,
+    LoadReply,
+    LoadRequest,
+    OffloadRequest,
+    ReleaseRequest,
+    Reply,
+    RestoreReply,
+    RestoreRequest,
+    RetireRequest,
+    SmokeReply,
+    SmokeRequest,
+    StatusReply,
+    StatusRequest,
+    SwapReply,
+    SwapRequest,
+    SyncRequest,
+    WarmReply,
+    WarmRequest,
+)
 from hotreload.protocol.ops import WorkerOp
-from hotreload.protocol.replies import LoadReply, SmokeReply, WarmReply
 from hotreload.protocol.tensors import encode_tensors
 from hotreload.worker import adapters, imported_files, loader, oom, replies, weights_digest
 from hotreload.worker.fresh_source import code_roots, compile_from_source, must_reimport
@@ -80,6 +104,25 @@ class Worker:
         extra = imported_files.failure_fields(exc)  # a failed build: what it tried to import
         kind = type(exc).__name__
         self.send(error_header(rid, code, message_of(exc), traceback=tb, type=kind, **extra))
+
+    def answer(self, rid: Any, reply: Reply) -> None:
+        self.send({"id": rid, "ok": True, **reply.wire()})
+
+    def control(self, handler: Callable[[Any, Any], None]) -> Callable[[Frame], None]:
+        """A control op's handler (`handler(request, rid)`, which answers `rid`) as a queue
+        entry: the header read into the op's request class (protocol/messages.py) first, a
+        malformed one answered as a bad request naming the field."""
+
+        def run(frame: Frame) -> None:
+            h = frame.header
+            try:
+                request = OPS[h["op"]].from_wire(h)
+            except ProtocolError as exc:
+                self.send(error_header(h.get("id"), "bad_request", str(exc)))
+                return
+            handler(request, h.get("id"))
+
+        return run
 
     def _thread_loop(self, q: queue.SimpleQueue[Any], name: str) -> None:
         if name == "serve":
@@ -177,22 +220,20 @@ class Worker:
 
     # ------------------------------------------------------------------ loading
 
-    def op_load(self, frame: Frame) -> None:
-        h = frame.header
-        version = int(h["version"])
+    def op_load(self, h: LoadRequest, rid: Any) -> None:
         old_roots = self._code_roots()
-        if h.get("code"):
+        if h.code:
             # Other code paths (the last good snapshot, or the live files again): imports
             # must no longer find the user's modules under the old paths.
-            self.spec.update(h["code"])
+            self.spec.update(h.code)
             new_roots = set(self._code_roots())
             loader.forget_paths([r for r in old_roots if r not in new_roots])
         roots = self._code_roots()
-        compile_from_source(roots, (h.get("code") or {}).get("sources") or ())  # its snapshot
+        compile_from_source(roots, (h.code or {}).get("sources") or ())  # its snapshot
         dropped: list[str] = []
         if reimport := must_reimport(h, roots, old_roots):  # or the code loaded is stale
             dropped = loader.drop_user_modules(old_roots + self._code_roots())
-        elif not h.get("code") and self.current is not None and "modules" in self.current.made:
+        elif not h.code and self.current is not None and "modules" in self.current.made:
             # A push runs the serving version's code, whatever a refused build left imported.
             loader.restore_user_modules(roots, self.current.made["modules"])
         if self.staged is not None:
@@ -200,24 +241,24 @@ class Worker:
             self.staged = None
         self.state = "loading" if self.current is None else self.state
         rss_before = self.process.memory_info().rss
-        pacer = self._pacer(h)
+        pacer = self._pacer(h.serving_elsewhere)
         # Files (or, `unchanged_files`, the shards) unchanged since the serving version read
         # them (the manager compares): share its tensors, pushes since on top.
-        shard_reuse = h.get("unchanged_files")
-        reuse = self.current if (h.get("reuse") or shard_reuse) and self.current else None
+        shard_reuse = h.unchanged_files
+        reuse = self.current if (h.reuse or shard_reuse) and self.current else None
         with imported_files.tracking(roots, reimported=bool(dropped)):  # and what it tried
             mv = loader.build_version(
                 self.spec,
-                version,
+                h.version,
                 self.device,
                 pacer.step_done,
                 current=reuse,
-                base=h.get("base") if self.current is None else None,
-                overlays=h.get("overlays") or (),
-                digest_now=bool(h.get("overlays")),  # a trainer waits for the proof
-                unchanged=shard_reuse if shard_reuse is not None and not h.get("reuse") else None,
+                base=h.base if self.current is None else None,
+                overlays=h.overlays,
+                digest_now=bool(h.overlays),  # a trainer waits for the proof
+                unchanged=shard_reuse if shard_reuse is not None and not h.reuse else None,
                 same_code=not reimport,
-                restart=bool(h.get("restart")),  # a broken adapter is left out (adapters.py)
+                restart=h.restart,  # a broken adapter is left out (adapters.py)
             )
         if self.device.type != "cuda":  # no allocator: resident-set growth is the closest
             mv.footprint_bytes = max(0, self.process.memory_info().rss - rss_before)
@@ -245,14 +286,14 @@ class Worker:
             imports=imported_files.imported_files(roots),
             libraries=imported_files.libraries() if reimport else [],
         )
-        self.send({"id": h["id"], "ok": True, **reply.wire()})
+        self.answer(rid, reply)
 
-    def _pacer(self, header: dict[str, Any]) -> Pacer:
+    def _pacer(self, serving_elsewhere: bool) -> Pacer:
         """Paces a build on the loader thread while this worker's serving thread is busy,
         or, in a standby (nothing serves here), while the manager says another worker of
         this model is serving requests (`serving_elsewhere`): they share the CPU."""
         busy: Callable[[], float] = self._serving_busy_seconds
-        if header.get("serving_elsewhere") and self.current is None:
+        if serving_elsewhere and self.current is None:
             busy = time.monotonic  # busy for the whole of every step
         return Pacer(float(self.spec.get("build_pace") or 0.0), busy)
 
@@ -269,27 +310,24 @@ class Worker:
             raise LoadError(f"no {name} version to act on")
         return mv
 
-    def op_warm(self, frame: Frame) -> None:
-        h = frame.header
-        mv = self._target(h.get("target", "staged"))
+    def op_warm(self, h: WarmRequest, rid: Any) -> None:
+        mv = self._target(h.target)
         if self.current is None:
             self.state = "warming"
         # Re-warming the serving version runs on its own thread, between requests: no pacing.
-        pacer = self._pacer(h) if mv is not self.current else None
-        iters = int(h.get("iters", self.spec.get("warmup_iters", 3)))
+        pacer = self._pacer(h.serving_elsewhere) if mv is not self.current else None
+        iters = h.iters if h.iters is not None else int(self.spec.get("warmup_iters", 3))
         loader.warm(mv, iters, pacer.step_done if pacer else no_pause)
-        reply = WarmReply(mv.warm_s, mv.warm_passes_ms, pacer.paused_s if pacer else 0.0)
-        self.send({"id": h["id"], "ok": True, **reply.wire()})
+        self.answer(rid, WarmReply(mv.warm_s, mv.warm_passes_ms, pacer.paused_s if pacer else 0.0))
 
-    def op_smoke(self, frame: Frame) -> None:
-        h = frame.header
-        mv = self._target(h.get("target", "staged"))
+    def op_smoke(self, h: SmokeRequest, rid: Any) -> None:
+        mv = self._target(h.target)
         previous = (
             self.current.output_signature if self.current and self.current is not mv else None
         )
-        if previous is None and h.get("previous_outputs"):
-            previous = h["previous_outputs"]
-        pacer = self._pacer(h)
+        if previous is None and h.previous_outputs:
+            previous = h.previous_outputs
+        pacer = self._pacer(h.serving_elsewhere)
         sig = loader.smoke(
             mv,
             previous,
@@ -300,25 +338,23 @@ class Worker:
         reply = SmokeReply(outputs=sig, notes=list(mv.notes), imports=imports)
         pacer.step_done()
         reply.paused_s = pacer.paused_s
-        self.send({"id": h["id"], "ok": True, **reply.wire()})
+        self.answer(rid, reply)
 
     # ------------------------------------------------------------------ control (reader thread)
 
-    def op_swap(self, frame: Frame) -> None:
+    def op_swap(self, h: SwapRequest, rid: Any) -> None:
         if self.staged is None:
             raise LoadError("swap asked for but no version is staged")
-        h = frame.header
-        sync: dict[str, Any] | None = None
-        if h.get("inband"):
+        sync = None
+        if h.inband:
             # In-band swap, on the serving thread: every request sent before it has finished
             # (the drain): only the old version's own and registered streams may still hold
             # work. Polled to the deadline before the new version serves.
-            deadline_s = float(h.get("sync_deadline_s", 5.0))
-            sync = replies.sync_version(self.device, self.current, deadline_s)
-            if not sync.get("skipped") and not sync.get("idle"):
-                busy = ", ".join(sync["busy"])
+            sync = replies.sync_version(self.device, self.current, h.sync_deadline_s)
+            if not sync.skipped and not sync.idle:
+                busy = ", ".join(sync.busy)
                 message = f"stream(s) still busy after the sync deadline: {busy}"
-                self.send(error_header(h["id"], "streams_busy", message, sync=sync))
+                self.send(error_header(rid, "streams_busy", message, sync=sync.wire()))
                 return
         if self.current is not None:
             # Under the resource policy the old version was offloaded to `retired` already.
@@ -327,28 +363,27 @@ class Worker:
             self.retired = self.current
         self.current, self.staged = self.staged, None
         self.state = "serving"
-        self.send({"id": h["id"], "ok": True, "version": self.current.version, "sync": sync})
+        self.answer(rid, SwapReply(self.current.version, sync))
 
-    def op_release(self, frame: Frame) -> None:
-        which = frame.header.get("which", "retired")
+    def op_release(self, h: ReleaseRequest, rid: Any) -> None:
+        which = h.which
         if which not in ("retired", "staged", "current"):
             raise LoadError(f"release of {which!r}: say retired, staged or current")
         mv = getattr(self, which)
         setattr(self, which, None)
         if which == "current":
             self.state = "unloaded"
-        reply = {"id": frame.header["id"], "ok": True, "freed_bytes": 0}
         if self.device.type == "cpu":  # no count to report: the reply first, as unmapping
-            self.send(reply)  # 1 GiB of weights takes 0.14 s that a reload need not wait for
+            self.answer(rid, FreedReply(0))  # 1 GiB takes 0.14 s a reload need not wait for
             replies.after_reply(loader.release, mv)
             if mv is not None:
                 return_free_heap()  # else RSS steps up with each in-place reload
             return
         before = loader.allocated_bytes(self.device)
         loader.release(mv)
-        self.send(reply | {"freed_bytes": max(0, before - loader.allocated_bytes(self.device))})
+        self.answer(rid, FreedReply(max(0, before - loader.allocated_bytes(self.device))))
 
-    def op_retire(self, frame: Frame) -> None:
+    def op_retire(self, h: RetireRequest, rid: Any) -> None:
         """Drop every version and wait idle: this worker, retired after a respawn reload,
         becomes the standby that builds the next version (no fresh process, no torch import).
         The manager sends it only after this worker's streams synced idle."""
@@ -360,61 +395,56 @@ class Worker:
         self.current = self.staged = self.retired = None
         self.state = "standby"
         freed = max(0, before - loader.allocated_bytes(self.device))
-        self.send({"id": frame.header["id"], "ok": True, "freed_bytes": freed})
+        self.answer(rid, FreedReply(freed))
         if self.device.type == "cpu":
             # After the reply: the reload need not wait. An idle standby should not sit on
             # the old model's memory.
             return_free_heap()
 
-    def op_offload(self, frame: Frame) -> None:
+    def op_offload(self, h: OffloadRequest, rid: Any) -> None:
         mv = self._target("current")
         loader.offload(mv)
         self.retired, self.current = mv, None
         self.state = "loading"
-        self.send({"id": frame.header["id"], "ok": True})
+        self.answer(rid, Done())
 
-    def op_restore(self, frame: Frame) -> None:
+    def op_restore(self, h: RestoreRequest, rid: Any) -> None:
         if self.retired is None:
             raise LoadError("nothing to restore")
         loader.restore(self.retired)
         loader.release(self.staged)  # None: nothing to release
         self.current, self.retired, self.staged = self.retired, None, None
         self.state = "serving"
-        self.send({"id": frame.header["id"], "ok": True, "version": self.current.version})
+        self.answer(rid, RestoreReply(self.current.version))
 
-    def op_sync(self, frame: Frame) -> None:
-        h = frame.header
-        mv = {"retired": self.retired, "current": self.current}.get(h.get("which", "current"))
-        outcome = replies.sync_version(self.device, mv, float(h.get("deadline_s", 5.0)))
-        self.send({"id": h["id"], "ok": True, **outcome})
+    def op_sync(self, h: SyncRequest, rid: Any) -> None:
+        mv = {"retired": self.retired, "current": self.current}.get(h.which)
+        self.answer(rid, replies.sync_version(self.device, mv, h.deadline_s))
 
-    def op_digest(self, frame: Frame) -> None:
+    def op_digest(self, h: DigestRequest, rid: Any) -> None:
         """The serving version's digest, answered once its hashing is done (from the
         hashing thread: no worker thread waits for it, and no build thread wakes up)."""
-        mv, rid = self.current, frame.header["id"]
+        mv = self.current
         fut = mv.digest_future if mv is not None else None
         if fut is None:
-            self.send({"id": rid, "ok": True, "digest": mv.digest if mv else None})
+            self.answer(rid, DigestReply(mv.digest if mv else None))
             return
 
         def answer(done: Any) -> None:
             if done.exception() is not None:
                 self.reply_error(rid, done.exception())
             else:
-                self.send({"id": rid, "ok": True, **replies.digest_fields(mv, done.result())})
+                self.answer(rid, replies.digest_reply(mv, done.result()))
 
         fut.add_done_callback(answer)
 
-    def op_status(self, frame: Frame) -> None:
-        if frame.header.get("collect"):
+    def op_status(self, h: StatusRequest, rid: Any) -> None:
+        if h.collect:
             # A settled figure for leak checks: collect every generation, drop cached blocks.
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        self.send({"id": frame.header["id"], "ok": True, **self.status()})
-
-    def status(self) -> dict[str, Any]:
-        return worker_status(self)
+        self.answer(rid, StatusReply(**worker_status(self)))
 
     # ------------------------------------------------------------------ main loop
 
@@ -442,18 +472,19 @@ class Worker:
         routes: dict[WorkerOp, tuple[queue.SimpleQueue[Any], Callable[[Frame], None]]] = {
             WorkerOp.INFER: (serve_q, self.op_infer),
             WorkerOp.TEXT: (serve_q, lambda f: op_text(self, f)),  # completions, tokenizer
-            WorkerOp.LOAD: (self.load_q, oom.while_building(self.op_load)),
-            WorkerOp.SMOKE: (self.load_q, self.op_smoke),
-            WorkerOp.SWAP: (control_q, self.op_swap),
-            WorkerOp.RELEASE: (control_q, self.op_release),
-            WorkerOp.OFFLOAD: (control_q, self.op_offload),
-            WorkerOp.RETIRE: (control_q, self.op_retire),
-            WorkerOp.RESTORE: (control_q, self.op_restore),
-            WorkerOp.SYNC: (control_q, self.op_sync),
-            WorkerOp.STATUS: (control_q, self.op_status),
-            WorkerOp.DIGEST: (control_q, self.op_digest),
-            WorkerOp.PING: (control_q, lambda f: self.send({"id": f.header["id"], "ok": True})),
+            WorkerOp.LOAD: (self.load_q, oom.while_building(self.control(self.op_load))),
+            WorkerOp.SMOKE: (self.load_q, self.control(self.op_smoke)),
+            WorkerOp.SWAP: (control_q, self.control(self.op_swap)),
+            WorkerOp.RELEASE: (control_q, self.control(self.op_release)),
+            WorkerOp.OFFLOAD: (control_q, self.control(self.op_offload)),
+            WorkerOp.RETIRE: (control_q, self.control(self.op_retire)),
+            WorkerOp.RESTORE: (control_q, self.control(self.op_restore)),
+            WorkerOp.SYNC: (control_q, self.control(self.op_sync)),
+            WorkerOp.STATUS: (control_q, self.control(self.op_status)),
+            WorkerOp.DIGEST: (control_q, self.control(self.op_digest)),
+            WorkerOp.PING: (control_q, self.control(lambda h, rid: self.answer(rid, Done()))),
         }
+        swap, warm = self.control(self.op_swap), self.control(self.op_warm)
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
@@ -469,11 +500,11 @@ class Worker:
                 self.send({"id": frame.header.get("id"), "ok": True})
                 break
             if op == WorkerOp.SWAP and frame.header.get("inband"):
-                serve_q.put((self.op_swap, frame))
+                serve_q.put((swap, frame))
             elif op == WorkerOp.WARM:
                 # Re-warming the serving version shares its thread; a staged one, the loader's.
                 current = frame.header.get("target") == "current"
-                (serve_q if current else self.load_q).put((self.op_warm, frame))
+                (serve_q if current else self.load_q).put((warm, frame))
             elif op in routes:
                 q, fn = routes[op]
                 q.put((fn, frame))

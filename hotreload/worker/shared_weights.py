@@ -1,22 +1,17 @@
 """A version's weights in one shared memory block, so the next worker maps them instead of
 reading the files again.
 
-On the CPU a worker keeps the weights it read from the files in a memfd of its own (one
-copy, as before: never a mapping of the file itself, which a save in place would pull from
-under it). The manager holds a reference to that memfd; when a `respawn` reload builds in
-another worker and the weights files are unchanged, that worker maps the same block
-(`map_block`): no read of the files, no second private copy, the pages shared. Nothing
-writes weights during inference, so sharing them across processes is safe.
+On the CPU a worker keeps the weights it read in a memfd of its own (one copy, never a
+mapping of the file itself, which a save in place would pull from under it). The manager
+holds a reference to it; a `respawn` reload's worker, the files unchanged, maps the same
+block (`map_block`): no read, no second copy. Nothing writes weights during inference.
 
 The block's digest leaves (weights_digest.py) travel with it: the worker that read the files
-hashes them once, as the version's digest, and names each block tensor's leaves
-(`leaves_over`); the session adds them to the block's descriptor, and a worker that maps
-the block remembers them for the tensors it maps (`remember_over`). A push's sealed memfd
-gets the same (its leaves named by the worker that built it first, kept on the session's
-`Overlay`). So a build in another worker (a respawn reload, a push in the standby) hashes
-only its own new tensors, not the base and pushes it maps again. A leaf counts only for a
-tensor over exactly that view's bytes (same address, size and dtype): the block is written
-once, before anyone maps it, and a pushed memfd is sealed.
+names each block tensor's leaves (`leaves_over`), the session adds them to the descriptor,
+and a worker that maps the block remembers them (`remember_over`); a push's sealed memfd
+likewise. So a build in another worker hashes only its own new tensors. A leaf counts only
+for a tensor over exactly that view's bytes (same address, size and dtype): the block is
+written once, before anyone maps it, and a pushed memfd is sealed.
 """
 
 from __future__ import annotations
@@ -62,8 +57,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _view(storage: torch.UntypedStorage, entry: Mapping[str, Any]) -> torch.Tensor:
     dtype = getattr(torch, entry["dtype"])
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    offset = int(entry["offset"]) // itemsize
+    offset = int(entry["offset"]) // dtype.itemsize
     return torch.empty(0, dtype=dtype).set_(storage, offset, tuple(entry["shape"]))
 
 
@@ -107,17 +101,17 @@ def map_block(descriptor: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {e["name"]: _view(storage, e) for e in descriptor["tensors"]}
 
 
+def _at(t: torch.Tensor) -> tuple[int, int, str]:
+    return t.data_ptr(), t.nbytes, _dtype_name(t.dtype)
+
+
 def _over(state: Mapping[str, torch.Tensor]) -> dict[tuple[int, int, str], torch.Tensor]:
     """State tensors by (address, size, dtype): which lie exactly over a mapped view."""
     return {
-        (t.data_ptr(), t.nbytes, _dtype_name(t.dtype)): t
+        _at(t): t
         for t in state.values()
         if t.device.type == "cpu" and t.is_contiguous() and t.nbytes
     }
-
-
-def _at(view: torch.Tensor) -> tuple[int, int, str]:
-    return view.data_ptr(), view.nbytes, _dtype_name(view.dtype)
 
 
 def leaves_over(

@@ -26,7 +26,10 @@ class SignatureError(Exception):
     """An example or output the wire cannot carry; the message says what to change."""
 
 
-# ----------------------------------------------------------------------------- inputs
+_EXAMPLE_MUST = (
+    "the example callable must return a tensor, a str or list of str, a tuple/list of them, "
+    "or a dict of name -> tensor/str"
+)
 
 
 def _example_value(value: Any, name: str) -> Any:
@@ -36,11 +39,7 @@ def _example_value(value: Any, name: str) -> Any:
         return [value]  # one row: the model is always called with a list of str
     if is_text(value):
         return list(value)
-    raise SignatureError(
-        f"example input {name!r} is a {_what(value)}; the example callable must "
-        "return a tensor, a str or list of str, a tuple/list of them, or a dict of "
-        "name -> tensor/str"
-    )
+    raise SignatureError(f"example input {name!r} is a {_what(value)}; {_EXAMPLE_MUST}")
 
 
 def _what(value: Any) -> str:
@@ -59,10 +58,7 @@ def normalise_example(value: Any) -> tuple[str, dict[str, Any]]:
         return FORM_TUPLE, named
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return FORM_DICT, {k: _example_value(v, k) for k, v in value.items()}
-    raise SignatureError(
-        "the example callable must return a tensor, a str or list of str, a tuple/list of "
-        f"them, or a dict of name -> tensor/str; it returned {_what(value)}"
-    )
+    raise SignatureError(f"{_EXAMPLE_MUST}; it returned {_what(value)}")
 
 
 def entry(name: str, value: Any) -> dict[str, Any]:
@@ -155,9 +151,6 @@ def entry_under(wire: Mapping[str, Any], code: Path) -> dict[str, Any]:
     return out
 
 
-# ----------------------------------------------------------------------------- outputs
-
-
 def _flatten(value: Any, name: str, out: dict[str, Any], dropped: dict[str, str]) -> None:
     if value is None:
         return
@@ -215,7 +208,4 @@ def dropped_note(dropped: Mapping[str, str]) -> str | None:
 
 
 def output_signature(named: Mapping[str, Any], form: str) -> list[dict[str, Any]]:
-    sig = [entry(k, v) for k, v in named.items()]
-    for e in sig:
-        e["form"] = form
-    return sig
+    return [{**entry(k, v), "form": form} for k, v in named.items()]

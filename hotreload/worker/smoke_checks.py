@@ -1,11 +1,8 @@
-"""The smoke test's checks of a version's outputs (kept out of loader.py, which builds and
-runs versions): finite values, for the default adapter and for each adapter the build
-touched, and the output signature against the config's `expected_output`.
-
-The example runs once with what a request naming no adapter gets. A NaN pushed into
-another adapter shows only when that adapter is active, so each adapter whose tensors this
-build read from its file or took from a push is run once too (one forward each); the
-adapters shared as they are with the serving version passed their own smoke test.
+"""The smoke test's checks of a version's outputs: finite values, for the default adapter
+and for each adapter the build touched, and the output signature against the config's
+`expected_output`. A NaN pushed into an adapter shows only when that adapter is active, so
+each adapter this build read from its file or took from a push runs the example once too;
+those shared as they are with the serving version passed their own smoke test.
 """
 
 from __future__ import annotations
@@ -33,27 +30,19 @@ def check_finite(outputs: Mapping[str, Any], adapter: str | None = None) -> None
             )
 
 
-def touched_adapters(mv: Any) -> list[str]:
-    """The adapters of `mv` whose tensors this build read or took from a push, but the one
-    active now (the example ran with it)."""
+def check_adapters(mv: Any, outputs_of_example: Callable[[], Mapping[str, Any]]) -> None:
+    """The example once with each adapter this build read or took from a push active (but
+    the one active now: the example ran with it), its outputs checked finite; the adapter
+    active before is active again after (a failure included)."""
     aset = getattr(getattr(mv, "weights", None), "adapters", None)
     if aset is None:
-        return []
-    return [n for n, a in aset.adapters.items() if a.source != "shared" and n != aset.active]
-
-
-def check_adapters(mv: Any, outputs_of_example: Callable[[], Mapping[str, Any]]) -> None:
-    """The example once with each of `touched_adapters(mv)` active, its outputs checked
-    finite; the adapter active before is active again after (a failure included)."""
-    names = touched_adapters(mv)
-    if not names:
         return
-    aset = mv.weights.adapters
     before = aset.active
     try:
-        for name in names:
-            aset.select(name)
-            check_finite(outputs_of_example(), name)
+        for name, adapter in aset.adapters.items():
+            if adapter.source != "shared" and name != before:
+                aset.select(name)
+                check_finite(outputs_of_example(), name)
     finally:
         aset.select(before)
 

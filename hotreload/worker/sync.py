@@ -7,10 +7,8 @@ named and the manager treats the worker as wedged.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hotreload import runtime
-from hotreload.protocol.replies import SyncReply
+from hotreload.protocol.messages import SyncReply
 from hotreload.worker.streams import StreamRef, raw_stream_ref, wait_streams_idle
 
 
@@ -20,7 +18,7 @@ def _ref(reg: runtime.RegisteredStream) -> StreamRef:
     return StreamRef(reg.name, reg.stream.query)
 
 
-def sync_streams(version: int | None, deadline_s: float) -> dict[str, Any]:
+def sync_streams(version: int | None, deadline_s: float) -> SyncReply:
     refs = [_ref(r) for r in runtime.streams_for(version)]
     outcome = wait_streams_idle(refs, deadline_s)
     return SyncReply(
@@ -28,4 +26,4 @@ def sync_streams(version: int | None, deadline_s: float) -> dict[str, Any]:
         busy=list(outcome.busy),
         streams=[r.name for r in refs],
         waited_s=outcome.waited_s,
-    ).wire()
+    )

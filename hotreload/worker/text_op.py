@@ -31,13 +31,13 @@ if TYPE_CHECKING:
 class ServingWorker(Protocol):
     """What the op reads and counts on the worker (worker/server.py's `Worker`)."""
 
-    current: ModelVersion | None
     spec: dict[str, Any]
     served: int
     failed: int
-    skipped: int
     busy_since: float | None
     busy_total: float
+
+    def admit(self, h: dict[str, Any]) -> ModelVersion | None: ...
 
     def send(self, header: dict[str, Any], blobs: list[Any] | None = None) -> None: ...
 
@@ -103,21 +103,6 @@ def _choose_adapter(mv: ModelVersion, spec: dict[str, Any], adapter: Any) -> Non
         )
 
 
-def _prompt_ids(tok: Tokenizer, prompt: Any) -> list[int]:
-    if isinstance(prompt, str):
-        return tok.encode(prompt, add_special_tokens=False)
-    return [int(i) for i in prompt]
-
-
-def _choice(index: int, c: Any) -> dict[str, Any]:
-    return {
-        "index": index,
-        "text": c.text,
-        "logprobs": c.logprobs,
-        "finish_reason": c.finish_reason,
-    }
-
-
 def run_text(mv: ModelVersion, spec: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     """One text request's reply fields (without id, version, digest)."""
     call, tok = _prepared(mv, spec.get("tokenizer"))
@@ -134,7 +119,7 @@ def run_text(mv: ModelVersion, spec: dict[str, Any], req: dict[str, Any]) -> dic
         return {"info": {**tok.info, "source": tok.source}}
     sampling = Sampling(**req["sampling"])
     # Every prompt is measured before any runs: one over the bound is a 400 at once.
-    prompts = [_prompt_ids(tok, p) for p in req["prompts"]]
+    prompts = [tok.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in req["prompts"]]
     vocab, name = _vocab_size(mv, call), str(req.get("field") or "prompt")
     for i, (ids, sent) in enumerate(zip(prompts, req["prompts"], strict=True)):
         field = prompt_field(i, len(prompts), name)
@@ -149,7 +134,14 @@ def run_text(mv: ModelVersion, spec: dict[str, Any], req: dict[str, Any]) -> dic
             c = complete(call, tok, ids, sampling, mv.device)
             if first_token_s is None and c.first_token_s is not None:
                 first_token_s = time.perf_counter() - t0
-            choices.append(_choice(i, c))
+            choices.append(
+                {
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": c.logprobs,
+                    "finish_reason": c.finish_reason,
+                }
+            )
             prompt_tokens += c.prompt_tokens
             completion_tokens += c.completion_tokens
     return {

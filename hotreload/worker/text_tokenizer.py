@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +21,22 @@ class TokenizerError(ValueError):
     """The model has no usable tokenizer; the message says what to declare."""
 
 
+@dataclass(eq=False)
 class Tokenizer:
     """encode/decode and the special tokens, whichever kind backs them."""
 
-    def __init__(
-        self,
-        encode: Callable[..., Any],
-        decode: Callable[[list[int]], str],
-        *,
-        takes_special: bool,
-        eos_id: int | None,
-        bos_id: int | None,
-        info: dict[str, Any],
-        source: str,
-    ) -> None:
-        self._encode = encode
-        self._decode = decode
-        self._takes_special = takes_special
-        self.eos_id = eos_id
-        self.bos_id = bos_id
-        #: What `/tokenizer_info` answers (lm-eval's remote tokenizer reads eos/bos/pad).
-        self.info = info
-        #: Where it came from, for messages: a folder or "module <name>".
-        self.source = source
+    _encode: Callable[..., Any]
+    _decode: Callable[[list[int]], str]
+    takes_special: bool
+    eos_id: int | None
+    bos_id: int | None
+    #: What `/tokenizer_info` answers (lm-eval's remote tokenizer reads eos/bos/pad).
+    info: dict[str, Any]
+    #: Where it came from, for messages: a folder or "module <name>".
+    source: str
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        if self._takes_special:
+        if self.takes_special:
             ids = self._encode(text, add_special_tokens=add_special_tokens)
         else:
             ids = self._encode(text)
@@ -53,10 +44,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self._decode(list(ids)))
-
-    def token_text(self, token_id: int) -> str:
-        """One token as text (the legacy logprobs `tokens` list)."""
-        return self.decode([token_id])
 
 
 _folder_cache: dict[str, tuple[tuple[Any, ...], Tokenizer]] = {}

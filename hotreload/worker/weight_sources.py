@@ -1,15 +1,12 @@
 """Where a new version's weights come from: the serving version, the files, pushes.
 
-A build takes its base weights from one of:
-- the serving version, when the manager says the weights files are unchanged since it
-  loaded them (`reuse`) and the new module has the same names, shapes and dtypes: its
-  tensors are shared, not copied (inference never writes them), so a code edit of a
-  1 GiB model moves no weight bytes;
-- the weights files otherwise (worker/weights.py), read once, straight onto the device.
-Then come the pushes made since the files last changed (`overlays`, each a trainer's
-`update_weights` in shared memory, worker/pushed_state.py), in order, skipping those the
-base already holds. So the weights that serve are always "the files, then the pushes",
-whichever worker builds them, and a restart or a respawn gets the same weights back.
+The base weights are the serving version's tensors, shared (inference never writes them),
+when the files are unchanged since it loaded them and the new module has the same names,
+shapes and dtypes: a code edit of a 1 GiB model moves no weight bytes. Otherwise they are
+another worker's block, mapped, or the files (worker/weights.py), read straight onto the
+device. Then come the pushes made since the files last changed (`overlays`,
+worker/pushed_state.py), in order, but those the base holds: the weights that serve are
+always "the files, then the pushes", whichever worker builds them.
 """
 
 from __future__ import annotations
@@ -69,9 +66,8 @@ class PlacedWeights:
 
 
 def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Tensor], str | None]:
-    """The serving version's weight tensors the new module can take as they are, or why
-    not. Only a module whose every name, shape and dtype matches: a changed layer means the
-    files must be read (they hold its new shape, or the load fails as it should)."""
+    """The serving version's weight tensors the new module can take as they are (its every
+    name, shape and dtype the same), or why not."""
     old_model = getattr(current, "model", None)
     old_keys: set[str] = getattr(getattr(current, "weights", None), "keys", set())
     if not isinstance(old_model, torch.nn.Module) or not old_keys:
@@ -83,8 +79,8 @@ def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Te
     new = model.state_dict(keep_vars=True)
     if set(new) != set(old):
         return {}, "the module's parameter names changed"
-    if packed_entries(new):
-        return {}, f"{packed_entries(new)[0]} is a quantized layer's, packed: not shared"
+    if packed := packed_entries(new):
+        return {}, f"{packed[0]} is a quantized layer's, packed: not shared"
     for key, t in new.items():
         o = old[key]
         if tuple(o.shape) != tuple(t.shape) or o.dtype != t.dtype:
@@ -138,9 +134,8 @@ def _pushed_names(
     names: Iterable[str], prefix: Mapping[str, str] | None, own: Mapping[str, Any]
 ) -> dict[str, str]:
     """The module's name -> each pushed name: `weights_prefix` maps a push's names as it maps a
-    file's keys (a trainer pushes the state of the model it trains, which the factory may
-    wrap). A name the module has as it is stays as it is: a trainer that added the prefix
-    itself, as it had to before, is not broken by the mapping."""
+    file's keys (the factory may wrap the model a trainer pushes). A name the module has as
+    it is stays as it is (a trainer that added the prefix itself)."""
     mapping = apply_prefix(names, prefix)
     return {(k if k in own and mapping[k] not in own else mapping[k]): k for k in mapping}
 
@@ -152,11 +147,10 @@ def _overlay_state(
     prefix: Mapping[str, str] | None = None,
     views: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One push, checked against the module from its descriptor before a byte is read
-    (an unknown name in a 2 GiB push took 31 s to refuse when read first): every name
-    known (after `weights_prefix`), every shape equal, with `strict` every weight present
-    and every dtype the module's. Without `strict` a dtype is cast to the module's, as a
-    load does."""
+    """One push, checked against the module from its descriptor before a byte is read (an
+    unknown name in a 2 GiB push took 31 s to refuse when read first): every name known
+    (after `weights_prefix`), every shape equal, with `strict` every weight present and
+    every dtype the module's; without, a dtype is cast to the module's."""
     own = model.state_dict(keep_vars=True)
     raw = {e["name"]: e for e in overlay["state"].get("tensors", [])}
     names = {pushed: mine for mine, pushed in _pushed_names(raw, prefix, own).items()}
@@ -226,10 +220,9 @@ def place_weights(
     """Fill `model`'s weights: the base (shared from `current`, or mapped from another
     worker's block `base`, else the files), then the `overlays` the base does not hold yet,
     then the peft `adapters` (declared folders, default) over them. `unchanged` (with
-    `current`): only these files (indices) are unchanged since `current` read them; the
-    others are read, the tensors of these shared. `restart`: the worker died and this
-    build brings its version back, without an adapter whose files cannot be read
-    (adapters.py). LoadError says what does not fit."""
+    `current`): the indices of the files unchanged since `current` read them (their tensors
+    shared, the others read). `restart`: the worker died and this build brings its version
+    back (adapters.py). LoadError says what does not fit."""
     placed = PlacedWeights()
     specs, default_adapter = adapters
     if specs and not isinstance(model, torch.nn.Module):

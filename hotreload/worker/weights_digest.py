@@ -33,20 +33,15 @@ not the file's dict: a file stores one name of a tied group, the model has them 
 Their shared bytes are hashed once.
 
 Leaves are remembered per tensor (`_Remembered`): a version that shares most tensors with
-the one before it (a LoRA push over a frozen base, one shard saved again, an adapter save)
-hashes only its new tensors, so its digest costs what changed, not what the model weighs.
-A tensor is the same when it is a view of the same live storage (held by a weak
-reference: storage freed and its address reused is not mistaken for it) at the same
-offset, shape, strides and dtype, and its in-place version counter has not moved. Not
-seen: a write that moves no counter (through `.data`, or through another tensor object
-over the same memory). A model that writes its weights while serving is not supported
-anyway: its digest would not say what answers.
-
-Leaves also come from elsewhere, for tensors lying exactly over memory whose leaves are
-known (worker/shared_weights.py `remember_over`): a weights block or a push another worker
-hashed first, and a push's memfd, which the client hashed as it wrote it
-(protocol/push_leaves.py). Those leaves are the sender's word for sealed bytes: a client
-of its own making must compute them as the format above says, or send none.
+the one before it (a LoRA push over a frozen base, one shard saved again) hashes only its
+new tensors. A tensor is the same when it is a view of the same live storage (held weakly:
+a freed storage whose address is reused is not mistaken for it) at the same offset, shape,
+strides and dtype, and its in-place version counter has not moved. Not seen: a write that
+moves no counter (through `.data`); a model that writes its weights while serving is not
+supported anyway. Leaves also come from elsewhere (worker/shared_weights.py
+`remember_over`): a weights block or a push another worker hashed first, and a push's
+memfd, which the client hashed as it wrote it (protocol/push_leaves.py): the sender's word
+for sealed bytes, so a client of its own making must compute them as above, or send none.
 """
 
 from __future__ import annotations
@@ -58,7 +53,7 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -102,16 +97,11 @@ def _record_head(name: str, t: torch.Tensor) -> bytes:
     return _U32.pack(len(data)) + data
 
 
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a 1-d uint8 tensor on its device (a copy only when strided)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
 def _leaves(pool: ThreadPoolExecutor, t: torch.Tensor) -> list[Future[bytes]]:
-    flat = _flat_bytes(t)
-    n = flat.numel()
+    # The bytes as a 1-d uint8 tensor on its device (a copy only when strided).
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     futures: list[Future[bytes]] = []
-    for start in range(0, n, CHUNK_BYTES):
+    for start in range(0, flat.numel(), CHUNK_BYTES):
         chunk = flat[start : start + CHUNK_BYTES]
         if chunk.device.type != "cpu":
             # Bound the host copies waiting for a thread before making another.
@@ -186,15 +176,6 @@ class _Remembered:
 REMEMBERED = _Remembered()
 
 
-def _done(leaves: list[bytes]) -> list[Future[bytes]]:
-    out: list[Future[bytes]] = []
-    for leaf in leaves:
-        f: Future[bytes] = Future()
-        f.set_result(leaf)
-        out.append(f)
-    return out
-
-
 def _text(value: str) -> torch.Tensor:
     return torch.tensor(list(value.encode()), dtype=torch.uint8)
 
@@ -237,32 +218,30 @@ def state_digest(state: Mapping[str, torch.Tensor], *, threads: int | None = Non
     state = plain_entries(state)
     names = sorted(state)
     # Tensors over the same bytes (tied weights) share their leaves: hashed once.
-    shared: dict[tuple[str, int, int, str], list[Future[bytes]]] = {}
+    shared: dict[tuple[str, int, int, str], Sequence[Future[bytes] | bytes]] = {}
     fresh: list[tuple[torch.Tensor, list[Future[bytes]]]] = []
     with ThreadPoolExecutor(
         threads or hash_threads(MAX_THREADS), thread_name_prefix="digest"
     ) as pool:
-        leaves: list[list[Future[bytes]]] = []
+        leaves: list[Sequence[Future[bytes] | bytes]] = []
         for name in names:
             t = state[name]
             key = (str(t.device), t.data_ptr(), t.nbytes, str(t.dtype))
             same = shared.get(key) if t.is_contiguous() and t.nbytes else None
             if same is None:
-                known = REMEMBERED.get(t)
-                if known is not None:
-                    same = _done(known)
-                else:
-                    same = _leaves(pool, t)
-                    fresh.append((t, same))
+                same = REMEMBERED.get(t)
+                if same is None:
+                    fresh.append((t, _leaves(pool, t)))
+                    same = fresh[-1][1]
                     REMEMBERED.hashed_bytes += t.nbytes
                 if t.is_contiguous() and t.nbytes:
                     shared[key] = same
             leaves.append(same)
         top = hashlib.sha256(PREFIX)
-        for name, futures in zip(names, leaves, strict=True):
+        for name, pieces in zip(names, leaves, strict=True):
             top.update(_record_head(name, state[name]))
-            for f in futures:
-                top.update(f.result())
+            for leaf in pieces:
+                top.update(leaf if isinstance(leaf, bytes) else leaf.result())
     for t, futures in fresh:
         REMEMBERED.put(t, [f.result() for f in futures])
     return "sha256:" + top.hexdigest()[:32]

@@ -31,6 +31,7 @@ import pytest
 from hotreload.config import load_config
 from hotreload.config.models import Deadlines
 from hotreload.engine import snapshots
+from hotreload.engine.event_kinds import BaseEvent
 from hotreload.engine.session import Session
 from hotreload.errors import ReloadFailedError, WorkerUnavailableError
 
@@ -121,17 +122,17 @@ async def answers(sup: Any) -> dict[str, np.ndarray]:
 
 def run_session(
     config_path: Path,
-    scenario: Callable[[Session, Any, list[dict]], Awaitable[None]],
+    scenario: Callable[[Session, Any, list[BaseEvent]], Awaitable[None]],
     **deadlines: float,
-) -> list[dict]:
+) -> list[BaseEvent]:
     """`scenario(session, supervisor, events)` on a started session, stopped after it."""
     config = load_config(config_path)
     model = dataclasses.replace(config.models[0], deadlines=Deadlines(**deadlines))
     config = dataclasses.replace(config, models=(model,))
 
-    async def main() -> list[dict]:
+    async def main() -> list[BaseEvent]:
         session = Session(config, endpoint=False, telemetry=False)
-        seen: list[dict] = []
+        seen: list[BaseEvent] = []
         session.events.subscribe(seen.append)
         try:
             await session.start()
@@ -151,8 +152,8 @@ async def wait_for(predicate: Callable[[], object], what: str, timeout_s: float 
         await asyncio.sleep(0.05)
 
 
-def kinds(seen: list[dict]) -> list[str]:
-    return [e["kind"] for e in seen]
+def kinds(seen: list[BaseEvent]) -> list[str]:
+    return [e.kind for e in seen]
 
 
 # ----------------------------------------------------------------------------- item 1
@@ -166,7 +167,7 @@ def test_an_adapter_written_in_place_never_takes_the_serving_worker_down(tmp_pat
     data = (new / "adapter_model.safetensors").read_bytes()
     got: dict[str, Any] = {}
 
-    async def scenario(session: Session, sup: Any, seen: list[dict]) -> None:
+    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         before = await answers(sup)
         pid = sup.record.serving.pid
         # The issue's repro: half the bytes in place, the rest 2 s later (1 s here).
@@ -184,7 +185,7 @@ def test_an_adapter_written_in_place_never_takes_the_serving_worker_down(tmp_pat
         got["pid_after"] = sup.record.serving.pid
 
     seen = run_session(config, scenario, checkpoint_s=30)
-    assert "worker_died" not in kinds(seen), [e for e in seen if e["kind"] == "worker_died"]
+    assert "worker_died" not in kinds(seen), [e for e in seen if e.kind == "worker_died"]
     assert got["pid_after"] == got["pid"]  # the same worker throughout
     for each in got["during"]:
         for name in ("a", "b", "base"):
@@ -204,7 +205,7 @@ def kill_serving(sup: Any) -> int:
     return pid
 
 
-async def restarted(sup: Any, old_pid: int, seen: list[dict]) -> None:
+async def restarted(sup: Any, old_pid: int, seen: list[BaseEvent]) -> None:
     def done() -> bool:
         w = sup.record.serving
         back = w is not None and w.pid != old_pid and w.alive and sup.record.state == "serving"
@@ -220,7 +221,7 @@ def test_a_worker_that_dies_while_an_adapter_file_is_truncated_comes_back_with_i
     target = adapter_file(config, "a")
     got: dict[str, Any] = {}
 
-    async def scenario(session: Session, sup: Any, seen: list[dict]) -> None:
+    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         got["before"] = await answers(sup)
         data = target.read_bytes()
         with open(target, "wb") as f:  # truncated, and left so
@@ -234,7 +235,7 @@ def test_a_worker_that_dies_while_an_adapter_file_is_truncated_comes_back_with_i
 
     seen = run_session(config, scenario, checkpoint_s=0.5)
     assert not got["reload"].ok and got["reload"].phase == "checkpoint", got["reload"]
-    assert "restart_failed" not in kinds(seen), [e for e in seen if e["kind"] == "restart_failed"]
+    assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
     assert got["state"] == "serving"
     for name in ("a", "b", "base"):  # a: its last good version, from the snapshot
         np.testing.assert_array_equal(got["after"][name], got["before"][name])
@@ -250,7 +251,7 @@ def test_a_restart_with_no_good_copy_of_an_adapter_serves_the_rest_and_says_why(
     target = adapter_file(config, "b")
     got: dict[str, Any] = {}
 
-    async def scenario(session: Session, sup: Any, seen: list[dict]) -> None:
+    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         got["before"] = await answers(sup)
         data = target.read_bytes()
         target.write_bytes(data[: len(data) // 2])
@@ -266,7 +267,7 @@ def test_a_restart_with_no_good_copy_of_an_adapter_serves_the_rest_and_says_why(
         got["b"] = await infer(sup, "b")
 
     seen = run_session(config, scenario, checkpoint_s=5)
-    assert "restart_failed" not in kinds(seen), [e for e in seen if e["kind"] == "restart_failed"]
+    assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
     assert got["state"] == "serving"
     np.testing.assert_array_equal(got["a"], got["before"]["a"])
     np.testing.assert_array_equal(got["base"], got["before"]["base"])
@@ -289,7 +290,7 @@ def test_an_adapter_as_large_as_a_linked_weights_file_is_copied_for_a_restart(
     target = adapter_file(config, "b")
     got: dict[str, Any] = {}
 
-    async def scenario(session: Session, sup: Any, seen: list[dict]) -> None:
+    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         got["before"] = await answers(sup)
         data = target.read_bytes()
         with open(target, "r+b") as fh:  # in place: the inode (and any link to it) too
@@ -300,7 +301,7 @@ def test_an_adapter_as_large_as_a_linked_weights_file_is_copied_for_a_restart(
         target.write_bytes(data)
 
     seen = run_session(config, scenario, checkpoint_s=5)
-    assert "restart_failed" not in kinds(seen), [e for e in seen if e["kind"] == "restart_failed"]
+    assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
     assert got["state"] == "serving"
     for name in ("a", "b", "base"):
         np.testing.assert_array_equal(got["after"][name], got["before"][name])
@@ -318,7 +319,7 @@ def test_a_nan_push_to_an_adapter_that_is_not_the_default_is_refused(tmp_path: P
     nan = {k.replace(".weight", ".b.weight"): np.full(tuple(v.shape), np.nan, np.float32)
            for k, v in saved.items()}  # fmt: skip
 
-    async def scenario(session: Session, sup: Any, seen: list[dict]) -> None:
+    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         got["before"] = await answers(sup)
         with pack_state(nan) as packed, pytest.raises(ReloadFailedError) as failed:
             await sup.push(packed.descriptor, strict=False)

@@ -21,7 +21,7 @@ import pytest
 from hotreload.config.models import Deadlines
 from hotreload.engine.model import PhaseFailed
 from hotreload.engine.router import ModelRouter
-from hotreload.engine.worker_proc import WorkerDied
+from hotreload.engine.worker_port import WorkerDied
 from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
 from hotreload.protocol.framing import Frame
 from hotreload.protocol.ops import WorkerOp
@@ -97,7 +97,7 @@ def test_a_crash_is_put_down_to_the_oldest_request_even_once_it_timed_out() -> N
         def __init__(self) -> None:
             self.sent: list[Any] = []
 
-        def send_with_callback(self, header: dict[str, Any], blobs: Any, waiter: Any) -> bool:
+        def submit(self, header: dict[str, Any], blobs: Any, waiter: Any) -> bool:
             self.sent.append(waiter)
             return True
 

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from hotreload.config import load_config
+from hotreload.engine.event_kinds import BaseEvent, Policy, State
 from hotreload.engine.session import Session
 
 MODEL = """import torch
@@ -91,7 +92,7 @@ async def infer(sup: Any) -> np.ndarray:
 def run_session(
     config_path: Path,
     scenario: Callable[[Session, Any], Any],
-    on_event: Callable[[dict], None] | None = None,
+    on_event: Callable[[BaseEvent], None] | None = None,
 ) -> Any:
     config = load_config(config_path)
 
@@ -161,8 +162,8 @@ def test_an_edit_saved_while_the_first_worker_starts_is_the_next_version(
     import): an edit saved then is v2's, refused by the output gate, not v1's."""
     config = project(tmp_path, strategy)
 
-    def edit_once_started(event: dict) -> None:
-        if event.get("kind") == "state" and event.get("state") == "starting":
+    def edit_once_started(event: BaseEvent) -> None:
+        if isinstance(event, State) and event.state == "starting":
             set_k(config, 3)  # the snapshot is taken; the worker has not imported yet
 
     async def scenario(session: Session, sup: Any) -> None:
@@ -183,8 +184,8 @@ def test_an_edit_saved_after_a_reloads_snapshot_waits_for_the_next_reload(
     config = project(tmp_path, "inplace")
     edits: list[int] = []
 
-    def edit_during_the_reload(event: dict) -> None:
-        if event.get("kind") == "policy" and not edits:
+    def edit_during_the_reload(event: BaseEvent) -> None:
+        if isinstance(event, Policy) and not edits:
             edits.append(2)
             (config.parent / "model.py").write_text(MODEL.format(k=4) + "\nK = 2\n")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hotreload.config import load_config
+from hotreload.engine.event_kinds import BaseEvent, WeightsOverride
 from hotreload.engine.session import Session
 
 transformers = pytest.importorskip("transformers")
@@ -85,11 +86,11 @@ def test_modernbert_warns_of_an_override_only_when_build_sets_a_new_value(
 
     async def main() -> list[str]:
         session = Session(load_config(config_path), endpoint=False, telemetry=False)
-        seen: list[dict] = []
+        seen: list[BaseEvent] = []
         session.events.subscribe(seen.append)
 
         def warnings() -> list[str]:
-            return [e["message"] for e in seen if e["kind"] == "weights_override"]
+            return [e.message for e in seen if isinstance(e, WeightsOverride)]
 
         try:
             await session.start()

@@ -17,6 +17,7 @@ import torch
 
 from hotreload.config import load_config
 from hotreload.config.models import Deadlines
+from hotreload.engine.event_kinds import BaseEvent, ReloadDone
 from hotreload.engine.model import ReloadOutcome
 from hotreload.engine.session import Session
 from tests.support import make_project
@@ -32,7 +33,7 @@ def run_session(tmp_path: Path, scenario: Any, **deadlines: float) -> Any:
 
     async def main() -> Any:
         session = Session(config, endpoint=False, telemetry=False)
-        seen: list[dict] = []
+        seen: list[BaseEvent] = []
         session.events.subscribe(seen.append)
         try:
             await session.start()
@@ -59,12 +60,12 @@ def in_process(model: Any, weights: bytes) -> np.ndarray:
         return net(torch.from_numpy(X)).numpy()
 
 
-def unchanged_lines(seen: list[dict]) -> list[str]:
-    return [e["unchanged"] for e in seen if e["kind"] == "reload_done" and e.get("unchanged")]
+def unchanged_lines(seen: list[BaseEvent]) -> list[str]:
+    return [e.unchanged for e in seen if isinstance(e, ReloadDone) and e.unchanged]
 
 
 def test_reload_twice_and_a_save_without_a_change_build_nothing(tmp_path: Path) -> None:
-    async def scenario(session: Session, sup: Any, model: Any, seen: list[dict]) -> None:
+    async def scenario(session: Session, sup: Any, model: Any, seen: list[BaseEvent]) -> None:
         pid, before = sup.worker.pid, await infer(sup)
         outcome = await session.reload_model(model.name, trigger="command")
         assert outcome.ok and outcome.unchanged and outcome.version == 1, outcome
@@ -91,7 +92,7 @@ def test_reload_twice_and_a_save_without_a_change_build_nothing(tmp_path: Path) 
 
 def test_a_checkpoint_written_in_two_halves_reloads_once(tmp_path: Path) -> None:
     async def scenario(
-        session: Session, sup: Any, model: Any, seen: list[dict]
+        session: Session, sup: Any, model: Any, seen: list[BaseEvent]
     ) -> tuple[ReloadOutcome, ReloadOutcome]:
         weights = model.weights[0]
         new = doubled_weights(weights)

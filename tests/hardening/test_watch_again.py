@@ -7,6 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
+from hotreload.engine.event_kinds import WatchError, Watching
 from tests.support import make_project
 from tests.test_watcher import run, watching
 
@@ -36,9 +37,9 @@ def test_a_deleted_and_recreated_folder_is_watched_again(tmp_path: Path) -> None
         (src / "helper.py").write_text("A = 4\n")
 
     changes, events = run(watching(config, delete_recreate_edit, settle=2.0))
-    said = [e for e in events if e["kind"] == "watch_error" and "was deleted" in e["error"]]
+    said = [e for e in events if isinstance(e, WatchError) and "was deleted" in e.error]
     assert said, events
-    again = [e for e in events if e["kind"] == "watching" and e["paths"] == [str(src)]]
+    again = [e for e in events if isinstance(e, Watching) and e.paths == [str(src)]]
     assert again, events
     # The last two edits, made after the re-creation, each reload.
     assert len(changes) >= 3, [(c.model, [p.name for p in c.paths]) for c in changes]

@@ -1,10 +1,13 @@
-"""A scripted worker at the ops seam (protocol/ops.py), for stepping a supervisor in-process.
+"""A scripted worker at the port (engine/worker_port.py), for stepping a supervisor in-process.
 
-It answers each op the way `worker/server.py` does, at once by default. A test can hold an
-op (`script.hold(WorkerOp.LOAD)`: the request waits until `script.release(...)`), wait for
-it to start (`await script.started(WorkerOp.LOAD)`), make it fail with an error reply, kill
-a worker (`worker.die()`), or hang its forwards. Everything a worker was asked is logged in
-`script.log` as (pid, op) in order.
+It implements `Worker` as the real process does: each op takes its request dataclass and
+answers its reply dataclass (protocol/messages.py), the way `worker/server.py` does, at once
+by default; every reply goes through its wire form and back, as the real one does.
+
+A test can hold an op (`script.hold(WorkerOp.LOAD)`: the request waits until
+`script.release(...)`), wait for it to start (`await script.started(WorkerOp.LOAD)`), make
+it fail with an error reply, kill a worker (`worker.die()`), or hang its forwards.
+Everything a worker was asked is logged in `script.log` as (pid, op) in order.
 """
 
 from __future__ import annotations
@@ -13,10 +16,25 @@ import asyncio
 import itertools
 from typing import Any
 
-from hotreload.engine.worker_proc import WorkerDied, WorkerReplyError
+from hotreload.engine.worker_port import R, Worker, WorkerDied, WorkerReplyError
 from hotreload.protocol.framing import Frame
+from hotreload.protocol.messages import (
+    DigestReply,
+    Done,
+    FreedReply,
+    LoadReply,
+    LoadRequest,
+    Reply,
+    Request,
+    RestoreReply,
+    SmokeReply,
+    StatusReply,
+    SwapReply,
+    SwapRequest,
+    SyncReply,
+    WarmReply,
+)
 from hotreload.protocol.ops import WorkerOp
-from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
 
 INPUTS = [{"name": "x", "dtype": "float32", "shape": [1, 4]}]
 OUTPUTS = [{"name": "output", "dtype": "float32", "shape": [1, 4]}]
@@ -55,7 +73,8 @@ class Script:
     def ops(self, pid: int | None = None) -> list[str]:
         return [op for p, op in self.log if pid is None or p == pid]
 
-    async def answer(self, worker: FakeWorker, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+    async def gate(self, worker: FakeWorker, op: str) -> None:
+        """Log `op`, hold it while the test says so, fail it once when told to."""
         self.log.append((worker.pid, op))
         self._event(op).set()
         gate = self._holds.get(op)
@@ -63,28 +82,47 @@ class Script:
             await worker.unless_dead(gate.wait())
         if op in self.fail_next:
             raise WorkerReplyError(self.fail_next.pop(op))
-        # The replies the real worker builds (protocol/replies.py), as the wire carries them.
-        if op == WorkerOp.LOAD:
-            worker.staged = int(fields["version"])
-            reply = LoadReply(0.001, 0, INPUTS, "single", reimported=1, imports=self.imports)
-            return reply.wire()
+
+    def answer(self, worker: FakeWorker, request: Request[Any]) -> Reply:
+        """What the real worker answers to `request`, with the fake's figures."""
+        op = request.op
+        if isinstance(request, LoadRequest):
+            worker.staged = request.version
+            return LoadReply(0.001, 0, INPUTS, "single", reimported=1, imports=self.imports)
         if op == WorkerOp.WARM:
-            return WarmReply(0.001, [1.0]).wire()
+            return WarmReply(0.001, [1.0])
         if op == WorkerOp.SMOKE:
-            return SmokeReply(OUTPUTS).wire()
-        if op == WorkerOp.SWAP:
+            return SmokeReply(OUTPUTS)
+        if isinstance(request, SwapRequest):
+            if worker.staged is None:
+                raise WorkerReplyError({"message": "swap asked for but no version is staged"})
             worker.version, worker.staged = worker.staged, None
-            sync = SyncReply(skipped=True, reason="cpu").wire()
-            return {"sync": sync} if fields.get("inband") else {}
+            sync = SyncReply(skipped=True, reason="cpu") if request.inband else None
+            return SwapReply(worker.version, sync)
         if op == WorkerOp.SYNC:
-            return SyncReply(skipped=True, reason="no CUDA streams on the CPU").wire()
-        return {}
+            return SyncReply(skipped=True, reason="no CUDA streams on the CPU")
+        if op in (WorkerOp.RELEASE, WorkerOp.RETIRE):
+            if op == WorkerOp.RETIRE:
+                worker.version = worker.staged = None
+            return FreedReply(0)
+        if op == WorkerOp.RESTORE:
+            worker.version = worker.offloaded
+            return RestoreReply(worker.version or 0)
+        if op == WorkerOp.OFFLOAD:
+            worker.offloaded, worker.version = worker.version, None
+            return Done()
+        if op == WorkerOp.STATUS:
+            return StatusReply("serving", worker.pid, "cpu", 1 << 20, version=worker.version)
+        if op == WorkerOp.DIGEST:
+            return DigestReply(f"sha256:{worker.version or 0:064x}", hashed_bytes=0)
+        return Done()  # PING, SHUTDOWN
 
 
-class FakeWorker:
-    """The part of `WorkerProcess` a supervisor and its router use."""
+class FakeWorker(Worker):
+    """A worker process, played by the script."""
 
     def __init__(self, script: Script, generation: int) -> None:
+        super().__init__()
         self.script = script
         self.generation = generation
         self.pid = next(_pids)
@@ -92,9 +130,10 @@ class FakeWorker:
         self.recycled = 0
         self.build_cpus: frozenset[int] | None = None
         self.exit_reason: str | None = None
-        self.on_death: Any = None
+        self.preimport: tuple[str, ...] = ()
         self.version: int | None = None
         self.staged: int | None = None
+        self.offloaded: int | None = None
         self.dead = asyncio.Event()
         self._started = False
         self._forwards: list[Any] = []
@@ -105,15 +144,18 @@ class FakeWorker:
         return self._started and not self.dead.is_set()
 
     async def start(self, timeout_s: float) -> None:
-        await self.script.answer(self, "start", {})
+        await self.script.gate(self, "start")
         self._started = True
 
-    async def request(self, op: WorkerOp, timeout_s: float | None = None, **fields: Any) -> Any:
+    async def call(self, request: Request[R], timeout_s: float | None = None) -> R:
         if not self.alive:
             raise WorkerDied(self.exit_reason or "worker is not running")
-        call = self.unless_dead(self.script.answer(self, str(op), fields))
-        reply = await (asyncio.wait_for(call, timeout_s) if timeout_s else call)
-        return {"ok": True, **reply}
+        # As the real worker reads it: a request that does not survive its wire form fails.
+        request = type(request).from_wire(request.wire())
+        call = self.unless_dead(self.script.gate(self, str(request.op)))
+        await (asyncio.wait_for(call, timeout_s) if timeout_s else call)
+        reply = self.script.answer(self, request)
+        return request.reply.from_wire(reply.wire())  # type: ignore[return-value]
 
     async def unless_dead(self, aw: Any) -> Any:
         """Await `aw`; WorkerDied if the worker dies first."""
@@ -128,7 +170,7 @@ class FakeWorker:
             raise WorkerDied(self.exit_reason or "worker died")
         return task.result()
 
-    def send_with_callback(self, header: dict[str, Any], blobs: Any, waiter: Any) -> bool:
+    def submit(self, header: dict[str, Any], blobs: Any, waiter: Any) -> bool:
         if not self.alive:
             return False
         self.script.log.append((self.pid, str(header["op"])))
@@ -138,9 +180,6 @@ class FakeWorker:
             frame = Frame({"ok": True, "version": self.version, "tensors": []}, b"")
             asyncio.get_running_loop().call_soon(waiter, frame, None)
         return True
-
-    def memory_limit(self) -> None:
-        return None
 
     def die(self, reason: str = "killed by signal 9") -> None:
         """The process went away on its own (a segfault, the OOM killer)."""
@@ -157,10 +196,8 @@ class FakeWorker:
             waiter(None, WorkerDied(reason))
         self._forwards.clear()
 
-    async def stop(self, timeout_s: float) -> None:
-        self.script.log.append((self.pid, "stop"))
-        self._end("stopped")
-
-    async def kill(self) -> None:
-        self.script.log.append((self.pid, "kill"))
-        self._end("killed")
+    async def end(self, grace_s: float = 0.0) -> None:
+        if self.dead.is_set():
+            return  # idempotent, as the real one is
+        self.script.log.append((self.pid, "stop" if grace_s > 0 else "kill"))
+        self._end("stopped" if grace_s > 0 else "killed")

@@ -16,7 +16,6 @@ from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor
 from hotreload.engine.model.settings_change import Settings
-from hotreload.engine.model.workers import WorkerFactory
 from hotreload.protocol.ops import WorkerOp
 from tests.supervisor.fake_worker import FakeWorker, Script
 from tests.support import make_project
@@ -33,16 +32,14 @@ class Harness:
         self.model = dataclasses.replace(config.models[0], device="cpu", **changes)
         self.script = Script()
         self.spawned: list[tuple[int, dict[str, str]]] = []
-        factory = WorkerFactory(self.model, config)
 
         def spawn(generation: int, code: Any, *, standby: bool) -> FakeWorker:
             worker = FakeWorker(self.script, generation)
-            self.spawned.append((worker.pid, dict(factory.model.env)))
+            self.spawned.append((worker.pid, dict(self.sup.model.env)))
             return worker
 
-        factory._make = spawn
         locks = DeviceLocks(tmp_path / "locks")
-        self.sup = ModelSupervisor(self.model, config, EventBus(None), locks, workers=factory)
+        self.sup = ModelSupervisor(self.model, config, EventBus(None), locks, spawn=spawn)
 
     def settings(self, **changes: Any) -> Settings:
         return Settings(dataclasses.replace(self.model, **changes), IgnoreRules())
@@ -126,3 +123,20 @@ async def test_a_file_reload_queued_behind_failed_settings_still_runs(h: Harness
     assert not failed.ok and failed.trigger == "config"
     assert rerun.ok and rerun.trigger == "file" and rerun.version == 3, rerun
     assert h.env_of(h.sup.record.serving.pid) == dict(h.model.env)
+
+
+@stepped
+async def test_a_live_edit_made_while_new_settings_build_outlives_their_failure(
+    h: Harness,
+) -> None:
+    """The file was saved again during the trial with a live setting: it says that now,
+    so a failed trial does not put the settings from before it back."""
+    h.script.hold(WorkerOp.LOAD)
+    job = asyncio.create_task(h.sup.reload("config", ["x"], settings=h.settings(env={"A": "1"})))
+    await h.script.started(WorkerOp.LOAD)
+    live = dataclasses.replace(h.model, max_inflight=3)
+    h.sup.use_settings(Settings(live, IgnoreRules()))
+    h.script.fail_next[WorkerOp.LOAD] = BAD
+    h.script.release(WorkerOp.LOAD)
+    assert not (await job).ok
+    assert h.sup.model is live and h.sup.router.max_inflight == 3

@@ -21,8 +21,8 @@ from hotreload.config.models import Deadlines
 from hotreload.engine.events import EventBus
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import ModelSupervisor, PhaseFailed
-from hotreload.engine.model.workers import WorkerFactory
 from hotreload.errors import RequestTimeoutError, WorkerUnavailableError
+from hotreload.protocol.messages import DigestReply, LoadReply
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
 from tests.supervisor.fake_worker import FakeWorker, Script
@@ -45,11 +45,12 @@ def stepped(body: Callable[[Make], Awaitable[None]]) -> Callable[[Path], None]:
             def build(script: Script, **changes: object) -> ModelSupervisor:
                 model = dataclasses.replace(config.models[0], device="cpu", **changes)
                 events = EventBus(None)
-                factory = WorkerFactory(
-                    model, config, lambda generation, code, standby: FakeWorker(script, generation)
-                )
                 sup = ModelSupervisor(
-                    model, config, events, DeviceLocks(tmp_path / "locks"), workers=factory
+                    model,
+                    config,
+                    events,
+                    DeviceLocks(tmp_path / "locks"),
+                    spawn=lambda generation, code, standby: FakeWorker(script, generation),
                 )
                 sup.seen = []  # type: ignore[attr-defined]
                 events.subscribe(sup.seen.append)  # type: ignore[attr-defined]
@@ -70,7 +71,7 @@ def stepped(body: Callable[[Make], Awaitable[None]]) -> Callable[[Path], None]:
 
 
 def kinds(sup: ModelSupervisor, *wanted: str) -> list[str]:
-    return [e["kind"] for e in sup.seen if e["kind"] in wanted]  # type: ignore[attr-defined]
+    return [e.kind for e in sup.seen if e.kind in wanted]  # type: ignore[attr-defined]
 
 
 def request(sup: ModelSupervisor) -> asyncio.Future:
@@ -300,12 +301,12 @@ async def test_no_phase_is_left_showing_after_a_start_whose_digest_came_late(mak
     sup = make(script)
     real = script.answer
 
-    async def pending_digest(worker, op, fields):  # type: ignore[no-untyped-def]
-        reply = await real(worker, op, fields)
-        if op == WorkerOp.LOAD:
-            reply["digest_pending"] = True
-        elif op == WorkerOp.DIGEST:
-            reply["digest"] = "sha256:" + "0" * 32
+    def pending_digest(worker, request):  # type: ignore[no-untyped-def]
+        reply = real(worker, request)
+        if isinstance(reply, LoadReply):
+            reply.digest_pending = True
+        elif isinstance(reply, DigestReply):
+            reply.digest = "sha256:" + "0" * 32
         return reply
 
     script.answer = pending_digest  # type: ignore[method-assign]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hotreload.engine.event_kinds import PhaseStart, ReloadDone, ReloadRequested, State
 from hotreload.gpu.readings import GpuSnapshot
 from hotreload.tui.messages import EngineEvent, Sampled
 from hotreload.tui.render import sparkline, user_traceback
@@ -12,10 +13,13 @@ from tests.scripted_source import cpu_scenario
 def test_high_rate_messages_coalesce_but_outcomes_never_do() -> None:
     (sample,), _ = cpu_scenario(steps=3)
     assert Sampled(sample).can_replace(Sampled(sample))
-    state = {"kind": "state", "model": "mlp", "state": "loading"}
-    assert EngineEvent(state).can_replace(EngineEvent({**state, "state": "serving"}))
-    assert not EngineEvent(state).can_replace(EngineEvent({**state, "model": "other"}))
-    done = {"kind": "reload_done", "model": "mlp"}
+    state = State(model="mlp", state="loading")
+    assert EngineEvent(state).can_replace(EngineEvent(State(model="mlp", state="serving")))
+    assert not EngineEvent(state).can_replace(EngineEvent(State(model="other", state="loading")))
+    assert not EngineEvent(state).can_replace(EngineEvent(PhaseStart(model="mlp", phase="load")))
+    done = ReloadDone(
+        model="mlp", version=2, total_s=0.1, policy="p", strategy="s", phases={}, trigger="file"
+    )
     assert not EngineEvent(done).can_replace(EngineEvent(done))
 
 
@@ -154,11 +158,11 @@ def test_a_running_phase_and_a_long_load_show_their_elapsed_time() -> None:
     (m,) = samples[-1].models
     state = DashboardState()
     state.update(replace(samples[-1], models=({**m, "state": "loading", "version": 0},)))
-    state.on_event({"kind": "state", "model": m["name"], "state": "loading", "ts": 100.0})
+    state.on_event(State(model=m["name"], state="loading", ts=100.0))
     (row,) = model_rows(state, str, now=112.4)
     assert str(row[2]) == "loading 12 s"
-    state.on_event({"kind": "reload_requested", "model": m["name"], "trigger": "file", "ts": 99})
-    state.on_event({"kind": "phase_start", "model": m["name"], "phase": "load", "ts": 100.0})
+    state.on_event(ReloadRequested(model=m["name"], trigger="file", queued=False, ts=99.0))
+    state.on_event(PhaseStart(model=m["name"], phase="load", ts=100.0))
     assert str(reload_rows(state, str, now=103.4)[0][2]) == "running load 3 s…"
     assert str(reload_rows(state, str, now=109.6)[0][2]) == "running load 10 s…"
 

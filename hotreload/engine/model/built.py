@@ -4,17 +4,16 @@ back): the worker with the new version built, and what became of the old one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from hotreload.engine.model.record import VersionInfo
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_port import Worker
 
 
 @dataclass
 class Built:
     """What a strategy built: the worker with the new version staged or swapped in."""
 
-    worker: WorkerProcess
+    worker: Worker
     info: VersionInfo
     #: The worker switched to the version on its own side already (a worker of its own);
     #: False: it is staged beside the version the same worker serves (inplace).
@@ -27,7 +26,8 @@ class Built:
 class Retired:
     """What became of the old worker or version after a swap (the release phase)."""
 
-    result: dict[str, Any]
+    #: What became of it, for the release phase's row.
+    detail: str
     #: The old worker, kept as the next standby (respawn), with its reuse count.
-    standby: WorkerProcess | None = None
+    standby: Worker | None = None
     recycled: int = 0

@@ -18,7 +18,8 @@ from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.jobs import PhaseFailed
 from hotreload.engine.model.phases import BuildSpec, RunPhase
 from hotreload.engine.model.workers import WorkerFactory
-from hotreload.engine.worker_proc import WorkerOp, WorkerProcess
+from hotreload.engine.worker_port import Worker
+from hotreload.protocol.messages import ReleaseRequest, SwapRequest
 
 
 class InPlace:
@@ -29,9 +30,7 @@ class InPlace:
     def __init__(self, workers: WorkerFactory) -> None:
         self.workers = workers
 
-    async def build(
-        self, run: RunPhase, spec: BuildSpec, standby: WorkerProcess | None = None
-    ) -> Built:
+    async def build(self, run: RunPhase, spec: BuildSpec, standby: Worker | None = None) -> Built:
         worker = spec.serving
         if worker is None or not worker.alive:
             # No worker serves (a failed start, an unload): start one and build on it.
@@ -41,7 +40,7 @@ class InPlace:
             info = await phases.build(run, worker, spec)
         except PhaseFailed:
             with contextlib.suppress(Exception):
-                await worker.request(WorkerOp.RELEASE, 30.0, which="staged")
+                await worker.release(ReleaseRequest("staged"), 30.0)
             raise
         return Built(worker, info, swapped=False)
 
@@ -49,13 +48,11 @@ class InPlace:
         """Behind a closed gate (resource policy): the staged version becomes the serving
         one, and the offloaded old one is freed."""
         if not built.swapped:
-            await built.worker.request(WorkerOp.SWAP, 30.0)
+            await built.worker.swap(SwapRequest(), 30.0)
             stop_s = self.workers.model.deadlines.stop_s
-            await built.worker.request(WorkerOp.RELEASE, stop_s, which="retired")
+            await built.worker.release(ReleaseRequest("retired"), stop_s)
 
-    def close(self) -> None:
-        """Nothing of its own to stop."""
-
-    async def retire(self, old: WorkerProcess, gone: str | None, keep: bool) -> Retired:
+    async def retire(self, old: Worker, gone: str | None, keep: bool) -> Retired:
         """The old version lived in the serving worker: free it there."""
-        return Retired(await phases.release(old, "retired", self.workers.model.deadlines.stop_s))
+        stop_s = self.workers.model.deadlines.stop_s
+        return Retired((await phases.release(old, "retired", stop_s)).detail)

@@ -16,11 +16,13 @@ import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
     from hotreload.engine.model.pushes import Overlay
-    from hotreload.engine.worker_proc import WorkerProcess
+    from hotreload.engine.worker_port import Worker
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -74,13 +76,28 @@ class PhaseFailed(Exception):
         self.remote_traceback = remote_traceback
         #: A worker whose build failed in the user's code but is fit to build the next
         #: version: the strategy asks for it to be kept as the standby (respawn).
-        self.standby: WorkerProcess | None = None
+        self.standby: Worker | None = None
         self.recycled = 0
         super().__init__(message)
 
 
 class Wedged(PhaseFailed):
     """Drain or sync past its deadline: the worker must be killed."""
+
+
+@dataclass(frozen=True)
+class Ran(Generic[T]):
+    """What a phase found (its `phase_end` detail), and what it made for the job."""
+
+    detail: str
+    value: T = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A phase with nothing to do here, and why (on the CPU there are no CUDA streams)."""
+
+    reason: str | None
 
 
 @dataclass
@@ -144,7 +161,7 @@ class RestartJob(Job):
     reason: str = "worker died"
     wedged: bool = False
     #: The worker to replace; the job does nothing once another one serves.
-    worker: WorkerProcess | None = None
+    worker: Worker | None = None
 
 
 @dataclass

@@ -57,14 +57,20 @@ class OverrideWarner:
     """Gives the warning for each tensor once a session (a later true case of another tensor
     is still said)."""
 
-    def __init__(self, model: ModelConfig, events: EventBus) -> None:
-        self.model, self.events = model, events
+    def __init__(self, events: EventBus) -> None:
+        self.events = events
         self.warned: set[str] = set()
 
-    def check(self, job: ReloadJob | None, old: VersionInfo | None, new: VersionInfo) -> None:
-        warning = job and override_warning(self.model, job, old, new)
+    def check(
+        self,
+        model: ModelConfig,
+        job: ReloadJob | None,
+        old: VersionInfo | None,
+        new: VersionInfo,
+    ) -> None:
+        warning = job and override_warning(model, job, old, new)
         if warning and not warning.names <= self.warned:
             self.warned |= warning.names
             self.events.emit(
-                WeightsOverride(model=self.model.name, version=new.version, message=warning.message)
+                WeightsOverride(model=model.name, version=new.version, message=warning.message)
             )

@@ -25,7 +25,7 @@ from hotreload.config.models import Deadlines
 from hotreload.engine.checkpoint_ready import wait_until_complete
 from hotreload.engine.event_kinds import CheckpointWait, ModelNote, PhaseEnd, PhaseStart
 from hotreload.engine.events import EventBus
-from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
+from hotreload.engine.model.jobs import PhaseFailed, Ran, ReloadOutcome, Skipped, Wedged
 from hotreload.engine.model.pushes import (
     Overlay,
     WeightsBlock,
@@ -38,8 +38,20 @@ from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.snapshots import code_paths
 from hotreload.engine.warm_progress import WarmDeadlineError, wait_for_warm
-from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
-from hotreload.protocol.replies import LoadReply, SmokeReply, SyncReply, WarmReply
+from hotreload.engine.worker_port import Worker, WorkerDied, WorkerReplyError
+from hotreload.protocol.messages import (
+    DigestReply,
+    DigestRequest,
+    LoadRequest,
+    OffloadRequest,
+    ReleaseRequest,
+    RestoreRequest,
+    SmokeRequest,
+    SwapRequest,
+    SyncReply,
+    SyncRequest,
+    WarmRequest,
+)
 
 T = TypeVar("T")
 MIB = 2**20
@@ -93,9 +105,10 @@ class PhaseClock:
         ok, skipped = True, False
         try:
             result = await (asyncio.wait_for(fn(), deadline_s) if deadline_s else fn())
-            if isinstance(result, dict):
-                skipped = bool(result.get("skipped"))
-                detail = result.get("detail") or result.get("reason")
+            if isinstance(result, Ran):
+                detail = result.detail
+            elif isinstance(result, Skipped):
+                skipped, detail = True, result.reason
             return result
         except PhaseFailed as exc:
             ok, detail = False, str(exc)
@@ -138,7 +151,7 @@ class BuildSpec:
     #: "start", "restart", "cold" (a reload with no worker serving) or "reload".
     mode: str = "reload"
     #: The weights as the serving version holds them (pushes.plan_weights has the rule).
-    serving: WorkerProcess | None = None
+    serving: Worker | None = None
     overlays: list[Overlay] = field(default_factory=list)
     weights_stat: tuple[Any, ...] | None = None
     #: The serving version's weights block (respawn: another worker maps it).
@@ -155,7 +168,7 @@ class BuildSpec:
     say: Callable[[str], None] = lambda message: None
 
 
-async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> VersionInfo:
+async def build(run: RunPhase, worker: Worker, spec: BuildSpec) -> VersionInfo:
     """load -> warm -> smoke of `spec.version` on `worker`, as its staged version. The
     weights are the files', the pushes since laid over them, and `spec.push` on top."""
     d = spec.model.deadlines
@@ -177,20 +190,24 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
             "this build has the files' weights and the later pushes; push again to serve them"
         )
 
-    def pace() -> dict[str, Any]:
+    def elsewhere() -> bool:
         # A build in another process (respawn) competes with the requests for the CPU only:
         # the worker paces it while another worker is serving some (build_pace).
-        return {"serving_elsewhere": worker is not spec.serving and spec.serving_busy()}
+        return worker is not spec.serving and spec.serving_busy()
 
     copied = False  # the serving module copied, in its own worker (a push: push_copy.py)
 
-    async def load() -> dict[str, Any]:
+    async def load() -> Ran[None] | Skipped:
         nonlocal copied
-        fields: dict[str, Any] = {"reimport": spec.reimport, **plan.wire()}
-        if spec.code is not None:
-            fields["code"] = spec.code
-        wire = await worker.request(WorkerOp.LOAD, None, version=spec.version, **fields, **pace())
-        r = LoadReply.from_wire(wire)
+        r = await worker.load(
+            LoadRequest(
+                spec.version,
+                reimport=spec.reimport,
+                code=spec.code,
+                **plan.wire(),
+                serving_elsewhere=elsewhere(),
+            )
+        )
         info.load_s, info.footprint_bytes = r.load_s, r.footprint_bytes
         info.inputs, info.input_form = r.inputs, r.input_form
         info.digest, info.digest_pending = r.digest, r.digest_pending
@@ -219,40 +236,31 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
             what += f", {len(plan.push.names)} tensor(s) pushed"
         if r.hashed_bytes is not None:  # the rest of its digest was remembered or mapped
             what += f", digest hashed {size_text(r.hashed_bytes)}"
-        return {"detail": f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}"}
+        return Ran(f"{what}, footprint {info.footprint_bytes / MIB:.1f} MiB{paced(r)}")
 
-    async def warm() -> dict[str, Any]:
+    async def warm() -> Ran[None] | Skipped:
         if copied and worker.device == "cpu":  # the serving version's code, shapes, process:
             # its lazy inits and kernel choices are made (a CUDA one has a stream of its own)
-            return {"skipped": True, "reason": "the serving module copied: warm already"}
-        reply = worker.request(
-            WorkerOp.WARM, None, target="staged", iters=spec.model.warmup_iters, **pace()
-        )
+            return Skipped("the serving module copied: warm already")
+        iters = spec.model.warmup_iters
+        reply = worker.warm(WarmRequest("staged", iters, serving_elsewhere=elsewhere()))
         try:  # progress lines while it runs; past warm_s, what to change (warm_progress.py)
-            wire = await wait_for_warm(
-                worker, reply, deadline_s=d.warm_s, iters=spec.model.warmup_iters, say=spec.say
-            )
+            r = await wait_for_warm(worker, reply, deadline_s=d.warm_s, iters=iters, say=spec.say)
         except WarmDeadlineError as exc:
             raise PhaseFailed("warm", str(exc)) from None
-        r = WarmReply.from_wire(wire)
         info.warm_s, info.warm_passes_ms = r.warm_s, r.passes_ms
         passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
-        return {"detail": f"{len(info.warm_passes_ms)} pass(es): {passes} ms{paced(r)}"}
+        return Ran(f"{len(info.warm_passes_ms)} pass(es): {passes} ms{paced(r)}")
 
-    async def smoke() -> dict[str, Any]:
-        wire = await worker.request(
-            WorkerOp.SMOKE,
-            None,
-            target="staged",
-            previous_outputs=spec.previous_outputs,
-            **pace(),
+    async def smoke() -> Ran[None] | Skipped:
+        r = await worker.smoke(
+            SmokeRequest("staged", spec.previous_outputs, serving_elsewhere=elsewhere())
         )
-        r = SmokeReply.from_wire(wire)
         info.outputs = r.outputs
         info.imports = tuple(sorted({*info.imports, *r.imports}))
         info.notes.extend(r.notes)
         sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
-        return {"detail": sig + paced(r)}
+        return Ran(sig + paced(r))
 
     await run("load", load, deadline_s=d.load_s, state=spec.load_state)
     await run("warm", warm, deadline_s=d.warm_s + 5, state=spec.warm_state)  # a backstop
@@ -260,10 +268,10 @@ async def build(run: RunPhase, worker: WorkerProcess, spec: BuildSpec) -> Versio
     return info
 
 
-async def own_swap(worker: WorkerProcess) -> None:
+async def own_swap(worker: Worker) -> None:
     """A worker's staged version becomes its current one (no requests of its own yet)."""
     try:
-        await worker.request(WorkerOp.SWAP, 30.0)
+        await worker.swap(SwapRequest(), 30.0)
     except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
         raise PhaseFailed("swap", f"new worker failed to switch: {exc}") from exc
 
@@ -274,8 +282,8 @@ async def bring_up(
     spec: BuildSpec,
     *,
     spawn_phase: str = "spawn",
-    on_spawned: Callable[[WorkerProcess], None] | None = None,
-) -> tuple[WorkerProcess, VersionInfo]:
+    on_spawned: Callable[[Worker], None] | None = None,
+) -> tuple[Worker, VersionInfo]:
     """A fresh worker with `spec.version` built and switched to on its side (not serving
     yet). The worker is killed if anything fails or the job is cancelled."""
     async with workers.spawning(spec.code, phase=spawn_phase, run=run) as held:
@@ -289,22 +297,20 @@ async def bring_up(
 # ---------------------------------------------------------------------- around a swap
 
 
-async def sync(worker: WorkerProcess, sync_s: float) -> dict[str, Any]:
+async def sync(worker: Worker, sync_s: float) -> Ran[None] | Skipped:
     """Wait, to the sync deadline, for the current version's streams on `worker`."""
-    r = SyncReply.from_wire(
-        await worker.request(WorkerOp.SYNC, sync_s + 5.0, which="current", deadline_s=sync_s)
-    )
+    r = await worker.sync(SyncRequest("current", sync_s), sync_s + 5.0)
     if r.skipped:
-        return {"skipped": True, "reason": r.reason}
+        return Skipped(r.reason)
     if not r.idle:
         busy = ", ".join(r.busy) or "?"
         raise Wedged("sync", f"stream(s) still busy after the {sync_s:g} s sync deadline: {busy}")
-    return {"detail": f"{len(r.streams)} stream(s) idle in {r.waited_s * 1000:.1f} ms"}
+    return Ran(f"{len(r.streams)} stream(s) idle in {r.waited_s * 1000:.1f} ms")
 
 
 async def in_band(
     run: RunPhase,
-    worker: WorkerProcess,
+    worker: Worker,
     deadlines: Deadlines,
     router: ModelRouter,
     install: Callable[[], None],
@@ -315,17 +321,17 @@ async def in_band(
     polls the old version's streams to the sync deadline (the sync) and switches, and
     `install` points the model at the new version. New requests keep flowing meanwhile and
     queue behind the swap, so serving never stops."""
-    found: list[dict[str, Any]] = []
+
     drain_wait_s, sync_s, stop_s = deadlines.drain_wait_s, deadlines.sync_s, deadlines.stop_s
 
-    async def gate() -> dict[str, Any]:
-        return {"skipped": True, "reason": "in-band swap: admission stays open"}
+    async def gate() -> Ran[None] | Skipped:
+        return Skipped("in-band swap: admission stays open")
 
-    async def drain() -> dict[str, Any]:
+    async def drain() -> Ran[SyncReply]:
         n = router.inflight
         try:
-            wire = await worker.request(
-                WorkerOp.SWAP, drain_wait_s + sync_s, inband=True, sync_deadline_s=sync_s
+            swapped = await worker.swap(
+                SwapRequest(inband=True, sync_deadline_s=sync_s), drain_wait_s + sync_s
             )
         except TimeoutError:
             raise Wedged(
@@ -337,58 +343,56 @@ async def in_band(
             if exc.code == "streams_busy":
                 raise Wedged("sync", str(exc)) from None
             raise
-        found.append(wire.get("sync") or {"skipped": True, "reason": "not reported"})
-        return {"detail": f"{n} request(s) in flight finished before the swap"}
+        polled = swapped.sync or SyncReply(skipped=True, reason="not reported")
+        return Ran(f"{n} request(s) in flight finished before the swap", polled)
 
-    async def sync() -> dict[str, Any]:
-        r = SyncReply.from_wire(found[0])
+    async def sync(r: SyncReply) -> Ran[None] | Skipped:
         if r.skipped:
-            return {"skipped": True, "reason": r.reason}
+            return Skipped(r.reason)
         n, ms = len(r.streams), r.waited_s * 1000
-        return {"detail": f"{n} stream(s) idle after {ms:.1f} ms (polled by the worker)"}
+        return Ran(f"{n} stream(s) idle after {ms:.1f} ms (polled by the worker)")
 
     async def swap() -> None:
         install()
 
     await run("gate", gate)
-    await run("drain", drain)
-    await run("sync", sync)
+    drained = await run("drain", drain)
+    await run("sync", lambda: sync(drained.value))
     await run("swap", swap)
     await run("release", lambda: release(worker, "retired", stop_s))
 
 
-async def offload(worker: WorkerProcess, stop_s: float) -> dict[str, Any]:
+async def offload(worker: Worker, stop_s: float) -> Ran[None]:
     """The resource policy's release: the old version goes to host memory, to restore if
     the new one fails."""
-    await worker.request(WorkerOp.OFFLOAD, stop_s)
-    return {"detail": "old version moved to host memory (kept to restore on failure)"}
+    await worker.offload(OffloadRequest(), stop_s)
+    return Ran("old version moved to host memory (kept to restore on failure)")
 
 
-async def restore(worker: WorkerProcess, load_s: float) -> str | None:
+async def restore(worker: Worker, load_s: float) -> str | None:
     """After a failed build (resource policy): the offloaded old version back. Returns why
     it could not be (the worker is then killed, and restarted by the supervisor)."""
     if not worker.alive:
         return None
     try:
-        await worker.request(WorkerOp.RESTORE, load_s)
+        await worker.restore(RestoreRequest(), load_s)
     except (WorkerReplyError, WorkerDied, TimeoutError) as exc:
-        await worker.kill()
+        await worker.end()
         return f"{exc}; restarting the worker on the last good version"
     return None
 
 
-async def release(worker: WorkerProcess, which: str, stop_s: float) -> dict[str, Any]:
+async def release(worker: Worker, which: str, stop_s: float) -> Ran[None]:
     """Free one of the worker's versions ("retired" after a swap, "staged" after a failed
     build) and empty the allocator cache."""
-    r = await worker.request(WorkerOp.RELEASE, stop_s, which=which)
-    return {"detail": f"freed {r.get('freed_bytes', 0) / MIB:.1f} MiB of device memory"}
+    r = await worker.release(ReleaseRequest(which), stop_s)
+    return Ran(f"freed {r.freed_bytes / MIB:.1f} MiB of device memory")
 
 
-async def digest(worker: WorkerProcess, load_s: float) -> dict[str, Any]:
-    """The serving version's weights digest, which its worker hashed while it served: the
-    reply (worker/replies.py `digest_fields`: its adapters' digests, the bytes hashed, the
-    leaves of the block it read)."""
-    return await worker.request(WorkerOp.DIGEST, None, deadline_s=load_s)
+async def digest(worker: Worker) -> DigestReply:
+    """The serving version's weights digest, which its worker hashed while it served: its
+    adapters' digests, the bytes hashed, the leaves of the block it read."""
+    return await worker.digest(DigestRequest())
 
 
 def paced(reply: Any) -> str:
@@ -419,7 +423,7 @@ async def wait_for_checkpoints(run: RunPhase, model: ModelConfig, events: EventB
             )
         )
 
-    async def checkpoint() -> dict[str, Any]:
+    async def checkpoint() -> Ran[None] | Skipped:
         left = await wait_until_complete(files, deadline_s=deadline, on_wait=on_wait)
         if left:
             problems = "; ".join(f"{p.name}: {why}" for p, why in left.items())
@@ -428,7 +432,7 @@ async def wait_for_checkpoints(run: RunPhase, model: ModelConfig, events: EventB
                 f"weights still incomplete after the {deadline:g} s checkpoint deadline "
                 f"({problems}); save to a temporary file and rename it over the old one",
             )
-        return {"detail": "waited for " + "; ".join(waited)}
+        return Ran("waited for " + "; ".join(waited))
 
     await run("checkpoint", checkpoint)
 

@@ -5,7 +5,6 @@ measured footprint with margin."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import psutil
 
@@ -15,7 +14,8 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.memory_limits import cgroup_memory
 from hotreload.engine.model.phases import MIB
 from hotreload.engine.model.record import VersionInfo
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_port import Worker
+from hotreload.protocol.messages import StatusReply
 
 #: Headroom `auto` wants above the new version's footprint before it loads next to the old.
 AUTO_MARGIN_BYTES = 256 * MIB
@@ -25,8 +25,8 @@ AUTO_MARGIN_RATIO = 0.2
 async def choose_policy(
     model: ModelConfig,
     current: VersionInfo | None,
-    worker: WorkerProcess | None,
-    worker_status: Callable[[], Awaitable[dict[str, Any]]],
+    worker: Worker | None,
+    worker_status: Callable[[], Awaitable[StatusReply | None]],
     events: EventBus,
 ) -> str:
     """The policy of the next reload, said with why as a `policy` event."""
@@ -38,8 +38,8 @@ async def choose_policy(
 async def _choose(
     model: ModelConfig,
     current: VersionInfo | None,
-    worker: WorkerProcess | None,
-    worker_status: Callable[[], Awaitable[dict[str, Any]]],
+    worker: Worker | None,
+    worker_status: Callable[[], Awaitable[StatusReply | None]],
 ) -> tuple[str, str]:
     configured = model.policy
     if configured != "auto":
@@ -48,8 +48,8 @@ async def _choose(
     # Only a GPU worker reports device memory; asking a CPU one costs its serving thread a
     # moment of the GIL for nothing.
     on_cpu = worker is not None and worker.device == "cpu"
-    status = {} if on_cpu else await worker_status()
-    memory = status.get("device_memory")
+    status = None if on_cpu else await worker_status()
+    memory = status.device_memory if status is not None else None
     if memory:
         free, where = int(memory["free_bytes"]), f"{worker.device if worker else ''}"
     else:

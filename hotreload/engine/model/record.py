@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from hotreload.engine.model.jobs import ReloadOutcome
     from hotreload.engine.model.pushes import Overlay, WeightsBlock
     from hotreload.engine.snapshots import Snapshot
-    from hotreload.engine.worker_proc import WorkerProcess
+    from hotreload.engine.worker_port import Worker
 
 #: States shown to users (status, dashboard, metrics).
 STATES = (
@@ -72,11 +72,11 @@ class ModelRecord:
     """Which workers a model has, what they serve, and what happened to them."""
 
     #: The worker answering requests (None: unloaded, or never started).
-    serving: WorkerProcess | None = None
+    serving: Worker | None = None
     #: strategy "respawn": the worker started ahead of time for the next reload.
-    standby: WorkerProcess | None = None
+    standby: Worker | None = None
     #: strategy "respawn": the worker a reload just replaced, while it drains and syncs.
-    retiring: WorkerProcess | None = None
+    retiring: Worker | None = None
     #: The version `serving` serves.
     current: VersionInfo | None = None
     #: The highest version this session served: a load after an unload goes on from it, so
@@ -107,6 +107,9 @@ class ModelRecord:
     #: Project files that builds which failed since the serving version tried to import
     #: (the watcher watches them too: saving the fix reloads). Cleared by a new version.
     tried_imports: tuple[str, ...] = ()
+    #: Why this model's workers are no longer kept as standbys (respawn.py): its code
+    #: fails a second import in one process. None: they are.
+    recycle_off: str | None = None
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -123,7 +126,7 @@ class ModelRecord:
         """The number the next build gets: one past the highest this session served."""
         return max(self.last_version, self.version) + 1
 
-    def workers(self) -> list[WorkerProcess]:
+    def workers(self) -> list[Worker]:
         """Every process this model has now (the GPU process list marks them as ours)."""
         return [w for w in (self.serving, self.standby, self.retiring) if w is not None]
 

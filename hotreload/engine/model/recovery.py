@@ -16,7 +16,6 @@ from hotreload.engine.event_kinds import (
     RestartFailed,
     SnapshotRewritten,
     Wedged,
-    WorkerDied,
     WorkerRestarted,
 )
 from hotreload.engine.locks import DeviceLocks
@@ -25,11 +24,13 @@ from hotreload.engine.model.jobs import Job, PhaseFailed, ReloadOutcome, Restart
 from hotreload.engine.model.phases import BuildSpec, make_spec
 from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.workers import WorkerFactory
-from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.errors import WorkerUnavailableError
 
 #: Tries of a restart before the model is marked failed (0.2 s, then doubling, between).
 RESTART_ATTEMPTS = 3
+#: The session's GPU reset after a wedged worker was killed (`[gpu] reset`): told the
+#: model's name and the device the worker ran on.
+Escalate = Callable[[str, "str | None"], Awaitable[None]]
 
 
 async def restart(
@@ -38,7 +39,7 @@ async def restart(
     spec: BuildSpec,
     reason: str,
     *,
-    escalate: Callable[[], Awaitable[None]] | None,
+    escalate: Escalate | None,
     closed: Callable[[], bool],
     wedged: bool = False,
 ) -> None:
@@ -52,9 +53,9 @@ async def restart(
     if old is not None and old.alive:
         if wedged:
             st.blame_hung(old)  # before the kill fails what it holds
-        await old.kill()
+        await old.end()
     if escalate is not None:
-        await escalate()
+        await escalate(st.name, (old.device if old else None) or st.model.device)
     told = snapshot_keeper.rewritten_message(rec.good_snapshot, spec.version)
     if told is not None:
         st.events.emit(SnapshotRewritten(model=st.name, files=told[0], message=told[1]))
@@ -138,22 +139,18 @@ class Recovery:
         root: Path,
         locks: DeviceLocks,
         submit: Callable[[Job], Any],
+        escalate: Escalate | None = None,
     ) -> None:
         self.st, self.workers, self.root, self.locks = st, workers, root, locks
         self.submit = submit
-        #: The session's GPU reset after a wedged worker was killed (`[gpu] reset`).
-        self.escalate: Callable[[], Awaitable[None]] | None = None
+        self.escalate = escalate
         self.closed = False
         self._watchdog: asyncio.Task[None] | None = None
-        #: Called before a restart spawns its worker: a reload with new settings that
-        #: failed puts the old ones back first (settings_change.reload_with).
-        self.before_restart: Callable[[], None] | None = None
 
     async def restart(self, reason: str, *, wedged: bool = False) -> None:
         """Replace a dead or wedged worker with a fresh one serving the same version."""
         st = self.st
-        if self.before_restart is not None:
-            self.before_restart()
+        st.end_trial()  # the old worker comes back with the settings it was started with
         spec = make_spec(st.model, self.root, st.record, st.router, "restart", events=st.events)
         await restart(
             st,
@@ -204,15 +201,6 @@ class Recovery:
             outcome.detail.append(note)  # it died after the new version went live
         else:
             outcome.error = f"{outcome.error}; {note}"
-
-    def on_death(self, worker: WorkerProcess) -> None:
-        st = self.st
-        if self.closed or worker is not st.record.serving:
-            return
-        st.events.emit(WorkerDied(model=st.name, pid=worker.pid, reason=worker.exit_reason))
-        # Queued behind the job running now: a reload whose worker died restarts it itself,
-        # and this job then finds it replaced.
-        self.submit(RestartJob(reason=worker.exit_reason or "worker died", worker=worker))
 
     def ensure_watchdog(self, busy: Callable[[], bool]) -> None:
         if self._watchdog is None or self._watchdog.done():

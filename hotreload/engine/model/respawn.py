@@ -9,7 +9,8 @@ times per process). A load that fails in such a reused worker is tried once in a
 process, because code with a one-time effect per process fails a second import in the same
 interpreter.
 
-The strategy returns what it built or decided (`Built`, `Retired`); it changes no state.
+The strategy is a value: it returns what it built or decided (`Built`, `Retired`), and
+what it learns about the model (its workers must not be reused) goes into the model's state.
 """
 
 from __future__ import annotations
@@ -19,35 +20,34 @@ from typing import Any
 
 from hotreload.engine.model import phases
 from hotreload.engine.model.built import Built, Retired
-from hotreload.engine.model.jobs import PhaseFailed
+from hotreload.engine.model.jobs import PhaseFailed, Ran
 from hotreload.engine.model.phases import BuildSpec, RunPhase
+from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.workers import Held, WorkerFactory
-from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
+from hotreload.engine.worker_port import Worker, WorkerDied, WorkerReplyError
+from hotreload.protocol.messages import RetireRequest
 
 #: Errors that come out the same in any process: a broken file, not a reused interpreter.
 DETERMINISTIC_ERRORS = frozenset({"SyntaxError", "IndentationError", "TabError", "LoadError"})
 
 
 class Respawn:
-    name = "respawn"
-
-    def __init__(self, workers: WorkerFactory) -> None:
-        self.workers = workers
-        #: Why workers are no longer reused for this model (None: they are).
-        self.recycle_off: str | None = None
-        #: Said once by the supervisor when it was set.
-        self.told = False
-        self.closed = False
+    def __init__(self, st: ModelState, workers: WorkerFactory, *, fresh: bool = False) -> None:
+        self.st, self.workers = st, workers
+        #: A fresh worker for this reload only (new settings: settings_change.py): no
+        #: standby is taken, and the old worker is stopped, never kept.
+        self.fresh = fresh
+        #: The history row's strategy.
+        self.name = "fresh worker" if fresh else "respawn"
 
     @property
     def wants_standby(self) -> bool:
-        return self.workers.model.standby and not self.closed
+        model = self.st.model
+        return not self.fresh and model.strategy == "respawn" and model.standby
 
     # ------------------------------------------------------------------ building
 
-    async def build(
-        self, run: RunPhase, spec: BuildSpec, standby: WorkerProcess | None = None
-    ) -> Built:
+    async def build(self, run: RunPhase, spec: BuildSpec, standby: Worker | None = None) -> Built:
         """A worker (`standby` if there is one) with the version built, warm, smoke-tested
         and swapped in on its side. A build that fails to import in a reused worker is tried
         once more in a fresh process: code with a one-time effect per process (a
@@ -66,11 +66,11 @@ class Respawn:
             "fresh one: this code does not survive a second import in one process"
         )
         built.detail.append(why + "; workers are no longer reused for this model")
-        self.recycle_off = self.recycle_off or why
+        self.st.stop_recycling(why)
         return built
 
     async def _build_in(
-        self, run: RunPhase, spec: BuildSpec, standby: WorkerProcess | None, *, fresh: bool
+        self, run: RunPhase, spec: BuildSpec, standby: Worker | None, *, fresh: bool
     ) -> Built:
         async with self._worker(run, standby, fresh=fresh, code=spec.code) as held:
             worker = held.worker
@@ -91,7 +91,7 @@ class Respawn:
     def _worker(
         self,
         run: RunPhase,
-        standby: WorkerProcess | None,
+        standby: Worker | None,
         *,
         fresh: bool,
         code: dict[str, Any] | None,
@@ -107,12 +107,12 @@ class Respawn:
             else "started ahead of time"
         )
 
-        async def taken() -> dict[str, Any]:
-            return {"detail": f"standby worker pid {standby.pid}, {how}"}
+        async def taken() -> Ran[None]:
+            return Ran(f"standby worker pid {standby.pid}, {how}")
 
         return _after(run(name, taken), self.workers.owned(standby))
 
-    async def _fit_to_keep(self, worker: WorkerProcess, exc: PhaseFailed) -> bool:
+    async def _fit_to_keep(self, worker: Worker, exc: PhaseFailed) -> bool:
         """A fresh standby whose build raised in the user's code (a broken save: it answered
         with the error) stays the standby, so the fixed save reloads as fast as ever. On the
         CPU only: an exception there leaves the process as it was, while a CUDA error can
@@ -134,47 +134,43 @@ class Respawn:
     async def switch(self, built: Built) -> None:
         """Nothing to do: the new worker switched on its own side when it was built."""
 
-    def close(self) -> None:
-        """The session stops: no worker is reused from now on."""
-        self.closed = True
-
-    async def retire(self, old: WorkerProcess, gone: str | None, keep: bool) -> Retired:
+    async def retire(self, old: Worker, gone: str | None, keep: bool) -> Retired:
         """The release phase: a killed old worker's requests are retried on the new one; a
         healthy one becomes the next standby (`keep`: the model wants one and none waits),
         or is stopped."""
         if gone:
-            await old.kill()
-            return Retired({"detail": f"old worker pid {old.pid} killed ({gone})"})
+            await old.end()
+            return Retired(f"old worker pid {old.pid} killed ({gone})")
         freed = await self._recycle(old) if keep else None
         if freed is not None:
             mib = f" ({freed / (1024 * 1024):.0f} MiB of device memory freed)" if freed else ""
             detail = (
                 f"old worker pid {old.pid} kept as the next standby after serving (reuse "
-                f"{old.recycled + 1} of {self.workers.model.recycle}), its versions dropped{mib}"
+                f"{old.recycled + 1} of {self.st.model.recycle}), its versions dropped{mib}"
             )
-            return Retired({"detail": detail}, standby=old, recycled=old.recycled + 1)
-        await old.stop(self.workers.model.deadlines.stop_s)
-        return Retired({"detail": f"old worker pid {old.pid} stopped"})
+            return Retired(detail, standby=old, recycled=old.recycled + 1)
+        await old.end(self.st.model.deadlines.stop_s)
+        return Retired(f"old worker pid {old.pid} stopped")
 
-    async def _recycle(self, old: WorkerProcess) -> int | None:
+    async def _recycle(self, old: Worker) -> int | None:
         """The worker drops its versions to become the next standby: the next reload then
         pays for neither a process start nor torch's import, which would compete with
         serving for ~2 s of CPU. Up to `recycle` times per process. Returns the device
         memory freed, or None when it is not to be reused (the caller stops it)."""
-        model = self.workers.model
+        model = self.st.model
         if (
-            self.closed
-            or self.recycle_off is not None
+            self.fresh
+            or self.st.record.recycle_off is not None
             or not model.standby
             or old.recycled >= model.recycle
             or not old.alive
         ):
             return None
         try:
-            r = await old.request(WorkerOp.RETIRE, model.deadlines.stop_s)
+            r = await old.retire(RetireRequest(), model.deadlines.stop_s)
         except (WorkerDied, WorkerReplyError, TimeoutError):
             return None  # not fit to keep
-        return int(r.get("freed_bytes") or 0)
+        return r.freed_bytes
 
 
 def _with_reimport(spec: BuildSpec, reimport: bool) -> BuildSpec:

@@ -13,8 +13,9 @@ Three kinds, by what the setting reaches:
               build on another `device` would run under the old one's lock and memory
               check: these wait for a restart of `hotreload watch`, and say so
 
-The supervisor runs a reload with new settings as one job (`reload_with`): `apply` puts
-them in every part that reads them, and returns the undo for a failed build.
+The supervisor runs a reload with new settings as one job (`reload_with`): the model's
+state (state.py) holds them on trial, and puts the old ones back unless a worker built
+with them serves at its end, or before a restart brings the old worker back.
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ LIVE_KEYS = frozenset(
         "warmup_iters",
     }
 )
-#: The router's own copies of the model's limits.
-_ROUTER_KEYS = ("max_queue_size", "request_timeout_s", "max_inflight")
 
 
 @dataclass(frozen=True)
@@ -84,42 +83,12 @@ class Settings:
     ignore: IgnoreRules
 
 
-def apply(sup: ModelSupervisor, new: Settings) -> Callable[[], None]:
-    """Put `new` in every part of the supervisor that reads the model's settings; returns
-    the undo (which acts once). The strategy follows `strategy`; the worker factory spawns
-    with the new section, the router takes its limits."""
-    before = Settings(sup.model, sup.ignore)
-    strategy_before = sup.strategy
-    _put(sup, new)
-    if new.model.strategy != before.model.strategy:
-        sup.strategy = Respawn(sup.workers) if new.model.strategy == "respawn" else sup.inplace
-        sup.standby.strategy = sup.strategy
-
-    def undo() -> None:
-        if sup.model is new.model:
-            _put(sup, before)
-            sup.strategy = sup.standby.strategy = strategy_before
-
-    return undo
-
-
-def _put(sup: ModelSupervisor, s: Settings) -> None:
-    m = s.model
-    sup.model = sup.workers.model = sup.st.model = sup.overrides.model = m
-    sup.ignore = s.ignore
-    for key in _ROUTER_KEYS:
-        setattr(sup.router, key, getattr(m, key))
-
-
 def fresh_worker(sup: ModelSupervisor) -> Respawn:
     """The strategy a reload with new settings builds with: a fresh process (the serving
     one was started with the old env, device, adapters), and the old worker stopped after
-    the hand-over, never kept as a standby. Closed, it takes no standby (one started with
-    the old settings) and keeps none."""
-    strategy = Respawn(sup.workers)
-    strategy.close()
-    strategy.name = "fresh worker"  # the history row's strategy: not the model's own
-    return strategy
+    the hand-over, never kept as a standby. It takes no standby either (one started with
+    the old settings)."""
+    return Respawn(sup.st, sup.workers, fresh=True)
 
 
 Reload = Callable[[ReloadJob, "InPlace | Respawn"], Awaitable[ReloadOutcome]]
@@ -130,14 +99,11 @@ async def reload_with(sup: ModelSupervisor, job: ReloadJob, reload: Reload) -> R
     unless a worker with them serves. Undone before a restart of the old worker too (it
     died or wedged during the build): that one comes back as it was. The standby goes once
     the new settings serve: it was started with the old ones (the next starts after the job)."""
-    old, undo = sup.record.serving, apply(sup, job.settings)
-    sup.recovery.before_restart = lambda: undo() if sup.record.serving is old else None
+    sup.st.try_settings(job.settings.model, job.settings.ignore)
     try:
         outcome = await reload(job, fresh_worker(sup))
     finally:
-        sup.recovery.before_restart = None
-        if sup.record.serving is old or sup.record.serving is None:
-            undo()
+        sup.st.end_trial()
     if sup.model is job.settings.model:  # they serve
         await sup.standby.discard()
     return outcome

@@ -18,7 +18,7 @@ from hotreload.engine.model.built import Retired
 from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.snapshots import code_paths
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_port import Worker
 
 
 class StandbyKeeper:
@@ -56,25 +56,25 @@ class StandbyKeeper:
             self.st.events.emit(StandbyFailed(model=self.st.name, error=str(exc)))
             return
         if self._closed:
-            await worker.kill()
+            await worker.end()
             return
         self.st.set_standby(worker)
         self.st.events.emit(StandbyReady(model=self.st.name, pid=worker.pid, recycled=0))
 
-    async def take(self) -> WorkerProcess | None:
+    async def take(self) -> Worker | None:
         """The standby for this reload, or None. One still starting (at low priority) is
         left for the next reload: a fresh spawn at normal priority is quicker now."""
         worker = self.st.set_standby(None)
         if worker is not None and not worker.alive:
-            await worker.kill()
+            await worker.end()
             return None
         return worker
 
-    async def keep(self, worker: WorkerProcess, recycled: int, after: str) -> None:
+    async def keep(self, worker: Worker, recycled: int, after: str) -> None:
         """`worker` (its versions dropped) is the next standby, in place of one starting."""
         await self._cancel_start()  # a fresh one still importing is not needed now
         if self._closed or self.st.record.standby is not None:
-            await worker.stop(self.st.model.deadlines.stop_s)
+            await worker.end(self.st.model.deadlines.stop_s)
             return
         worker.recycled = recycled
         self.st.set_standby(worker)
@@ -93,7 +93,7 @@ class StandbyKeeper:
         await self._cancel_start()
         worker = self.st.set_standby(None)
         if worker is not None:
-            await worker.stop(self.st.model.deadlines.stop_s)
+            await worker.end(self.st.model.deadlines.stop_s)
 
     async def _cancel_start(self) -> None:
         task = self._task

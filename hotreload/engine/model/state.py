@@ -22,6 +22,7 @@ from hotreload.engine.event_kinds import (
     ModelNote,
     PhaseEnd,
     Ready,
+    RecycleDisabled,
     ReloadDone,
     ReloadFailed,
     SnapshotSkipped,
@@ -31,14 +32,14 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import phases, pushes, snapshot_keeper, unchanged
-from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome
+from hotreload.engine.model.jobs import PhaseFailed, Ran, ReloadOutcome
 from hotreload.engine.model.phases import PhaseClock, RunPhase
 from hotreload.engine.model.record import ModelRecord, ModelView, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.signature import describe_dynamic, inputs_change
 from hotreload.engine.snapshots import Snapshot
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_port import Worker
 from hotreload.errors import ClientError, WorkerUnavailableError
 
 
@@ -46,14 +47,48 @@ class ModelState:
     """A model's record and router, and the only code that changes them."""
 
     def __init__(
-        self, model: ModelConfig, events: EventBus, router: ModelRouter, workers: WorkerFactory
+        self,
+        model: ModelConfig,
+        ignore: IgnoreRules,
+        events: EventBus,
+        router: ModelRouter,
+        workers: WorkerFactory,
     ) -> None:
-        self.model = model
+        #: The model's settings (its `[[models]]` section) and what never reloads it:
+        #: written by `use_settings` only, read by everything else through here.
+        self.model, self.ignore = model, ignore
         self.name = model.name
         self.events = events
         self.router = router
         self.workers = workers
         self.record = ModelRecord()
+        #: While a reload tries new settings: the ones before, the worker they serve in,
+        #: and the settings on trial (a live edit meanwhile replaces them: it stays).
+        self._trial: tuple[ModelConfig, IgnoreRules, Worker | None, ModelConfig] | None = None
+
+    def use_settings(self, model: ModelConfig, ignore: IgnoreRules) -> None:
+        """Settings edited while the model serves (settings_change.py): builds, spawns and
+        the router's limits follow them from now on."""
+        self.model, self.ignore = model, ignore
+        self.workers.model = model
+        self.router.set_limits(model.max_queue_size, model.request_timeout_s, model.max_inflight)
+
+    def try_settings(self, model: ModelConfig, ignore: IgnoreRules) -> None:
+        """New settings for one reload job: kept if a worker built with them serves at its
+        end (`end_trial`), else the old ones come back."""
+        self._trial = (self.model, self.ignore, self.record.serving, model)
+        self.use_settings(model, ignore)
+
+    def end_trial(self) -> None:
+        """The job ends, or restarts the old worker: the settings on trial go unless a
+        worker built with them serves, or a live edit replaced them meanwhile (the file
+        says those now). Acts once."""
+        if self._trial is None:
+            return
+        model, ignore, old, tried = self._trial
+        self._trial = None
+        if self.model is tried and self.record.serving in (old, None):
+            self.use_settings(model, ignore)
 
     # ------------------------------------------------------------------ states and phases
 
@@ -64,6 +99,13 @@ class ModelState:
 
     def note_error(self, error: str | None) -> None:
         self.record.last_error = error
+
+    def stop_recycling(self, why: str) -> None:
+        """The model's workers are no longer reused (said once): its code fails a second
+        import in one process (respawn.py)."""
+        if self.record.recycle_off is None:
+            self.record.recycle_off = why
+            self.events.emit(RecycleDisabled(model=self.name, reason=why))
 
     def note_tried(self, files: tuple[str, ...]) -> None:
         """A build failed: the files it tried to import stay watched until a new version."""
@@ -115,7 +157,7 @@ class ModelState:
 
     def install(
         self,
-        worker: WorkerProcess,
+        worker: Worker,
         info: VersionInfo,
         *,
         announce: bool = True,
@@ -174,7 +216,7 @@ class ModelState:
         # Last: requests waiting for this version (`min_version`) go to its worker.
         router.serving_version(info.version)
 
-    def unserve(self, why: str) -> WorkerProcess | None:
+    def unserve(self, why: str) -> Worker | None:
         """Nobody serves any more (unload): returns the worker that did."""
         rec, router = self.record, self.router
         router.unavailable_reason = why
@@ -186,11 +228,11 @@ class ModelState:
         rec.current = None
         return worker
 
-    def set_retiring(self, worker: WorkerProcess | None) -> None:
+    def set_retiring(self, worker: Worker | None) -> None:
         """The worker a swap replaced, while it drains and syncs (strategy respawn)."""
         self.record.retiring = worker
 
-    def set_standby(self, worker: WorkerProcess | None) -> WorkerProcess | None:
+    def set_standby(self, worker: Worker | None) -> Worker | None:
         """The worker started ahead of time for the next reload; returns the one before."""
         old, self.record.standby = self.record.standby, worker
         return old
@@ -264,7 +306,7 @@ class ModelState:
     def fail_queued(self, error: ClientError) -> None:
         self.router.fail_queued(error)
 
-    def blame_hung(self, worker: WorkerProcess) -> None:
+    def blame_hung(self, worker: Worker) -> None:
         """`worker` is about to be killed as wedged: a request it has run past `forward_s`
         is the one told it hung; the others it holds are retried."""
         self.router.hung_on(worker, self.model.deadlines.forward_s)
@@ -300,16 +342,16 @@ class ModelState:
             return
         load_s = self.model.deadlines.load_s
 
-        async def digest() -> dict[str, Any]:
-            r = await phases.digest(worker, load_s)
-            current.digest, current.digest_pending = r.get("digest"), False
-            current.adapters = r.get("adapters") or current.adapters
-            if current.block is not None and isinstance(r.get("block_leaves"), dict):
-                current.block.descriptor["leaves"] = r["block_leaves"]  # for the next mapper
-            pushes.keep_leaves(current.overlays, r.get("overlay_leaves"))
-            hashed = r.get("hashed_bytes")
-            size = f", {phases.size_text(hashed)} hashed" if isinstance(hashed, int) else ""
-            return {"detail": f"weights {current.digest} (hashed while it served{size})"}
+        async def digest() -> Ran[None]:
+            r = await phases.digest(worker)
+            current.digest, current.digest_pending = r.digest, False
+            current.adapters = r.adapters or current.adapters
+            if current.block is not None and r.block_leaves is not None:
+                current.block.descriptor["leaves"] = r.block_leaves  # for the next mapper
+            pushes.keep_leaves(current.overlays, r.overlay_leaves)
+            hashed = r.hashed_bytes
+            size = f", {phases.size_text(hashed)} hashed" if hashed is not None else ""
+            return Ran(f"weights {current.digest} (hashed while it served{size})")
 
         try:
             await run("digest", digest, deadline_s=load_s + 5)
@@ -325,7 +367,7 @@ class ModelState:
         self,
         locks: DeviceLocks,
         outcome: ReloadOutcome | None = None,
-        worker: WorkerProcess | None = None,
+        worker: Worker | None = None,
     ) -> AsyncIterator[None]:
         """The lock of the device the model runs on: one build at a time per device. A wait
         past a second is said at once (who holds it), not only when it ends. `worker`: the
@@ -364,7 +406,7 @@ class ModelState:
         self.fail_queued(WorkerUnavailableError(f"model {self.name!r} was unloaded"))
         worker = self.unserve(f"model {self.name!r} is unloaded; load it to serve again")
         if worker is not None:
-            await worker.stop(d.stop_s)
+            await worker.end(d.stop_s)
         self.set_state("unloaded")
 
     async def drain_and_stop(self, drain_timeout_s: float | None) -> None:
@@ -383,7 +425,7 @@ class ModelState:
         await router.drain(max(0.0, deadline - time.monotonic()))
         self.fail_queued(WorkerUnavailableError(f"model {self.name!r}: server is shutting down"))
         if rec.serving is not None:
-            await rec.serving.stop(self.model.deadlines.stop_s)
+            await rec.serving.end(self.model.deadlines.stop_s)
         self.set_state("stopped")
         for overlay in rec.overlays:
             overlay.close()

@@ -12,7 +12,8 @@ from hotreload.config import ModelConfig
 from hotreload.engine.model.record import ModelRecord
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
-from hotreload.engine.worker_proc import WorkerDied, WorkerOp, WorkerProcess, WorkerReplyError
+from hotreload.engine.worker_port import Worker, WorkerDied, WorkerReplyError
+from hotreload.protocol.messages import StatusReply, StatusRequest
 
 #: The serving worker's own figures passed on in `status()["worker"]`.
 WORKER_FIELDS = ("rss_bytes", "allocator", "served", "failed", "threads", "torch", "streams")
@@ -23,18 +24,18 @@ class WorkerFigures:
     caller allows: each reading costs the worker's serving thread a moment of the GIL."""
 
     def __init__(self) -> None:
-        self.last: dict[str, Any] = {}
+        self.last: StatusReply | None = None
         self._at = 0.0
 
     async def read(
-        self, worker: WorkerProcess | None, timeout_s: float = 1.0, max_age_s: float = 0.0
-    ) -> dict[str, Any]:
+        self, worker: Worker | None, timeout_s: float = 1.0, max_age_s: float = 0.0
+    ) -> StatusReply | None:
         if worker is None or not worker.alive:
             return self.last
         if max_age_s and time.monotonic() - self._at < max_age_s:
             return self.last
         try:
-            self.last = await worker.request(WorkerOp.STATUS, timeout_s)
+            self.last = await worker.status(StatusRequest(), timeout_s)
             self._at = time.monotonic()
         except (TimeoutError, WorkerDied, WorkerReplyError):
             pass
@@ -46,7 +47,7 @@ def model_status(
     rec: ModelRecord,
     router: ModelRouter,
     workers: WorkerFactory,
-    ws: dict[str, Any],
+    ws: StatusReply | None,
 ) -> dict[str, Any]:
     """The status of one model: its record, its router's figures and its serving worker's
     own (`ws`, WorkerFigures)."""
@@ -75,7 +76,9 @@ def model_status(
         "inputs": router.input_signature,
         "input_form": router.input_form,
         **router.snapshot(),
-        "worker": {k: ws.get(k) for k in WORKER_FIELDS if k in ws},
+        "worker": {
+            k: getattr(ws, k) for k in WORKER_FIELDS if getattr(ws, k, None) is not None
+        },
         "standby": standby_status(rec.standby),
         # The cgroup memory limit the serving worker runs under (None: no limit).
         "memory_limit_bytes": limit.limit_bytes if limit else None,
@@ -86,7 +89,7 @@ def model_status(
     }
 
 
-def standby_status(worker: WorkerProcess | None) -> dict[str, Any] | None:
+def standby_status(worker: Worker | None) -> dict[str, Any] | None:
     """The idle worker waiting for the next reload (strategy respawn): one more process
     holding memory, so it shows. Read from outside: asking it would wake it up."""
     if worker is None or not worker.alive or worker.pid is None:

@@ -23,12 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from hotreload.config import Config, ModelConfig
-from hotreload.engine.event_kinds import RecycleDisabled, ReloadRequested
+from hotreload.engine.event_kinds import ReloadRequested, WorkerDied
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
@@ -58,16 +57,17 @@ from hotreload.engine.model.override_check import OverrideWarner
 from hotreload.engine.model.phases import BuildSpec, RunPhase, make_spec
 from hotreload.engine.model.policy import choose_policy
 from hotreload.engine.model.record import ModelRecord, ModelView
-from hotreload.engine.model.recovery import Recovery
+from hotreload.engine.model.recovery import Escalate, Recovery
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.standby import StandbyKeeper
 from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.status import WorkerFigures, model_status
-from hotreload.engine.model.workers import WorkerFactory
+from hotreload.engine.model.workers import Spawner, WorkerFactory
 from hotreload.engine.router import ModelRouter
 from hotreload.engine.used_files import tried_imports
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_port import Worker
 from hotreload.errors import ReloadFailedError, StaleBaseError, WorkerUnavailableError
+from hotreload.protocol.messages import StatusReply
 
 STOPPED = "the session stopped before the reload finished"
 
@@ -82,10 +82,12 @@ class ModelSupervisor:
         *,
         ignore: IgnoreRules | None = None,
         snapshot_dir: Path | None = None,
-        workers: WorkerFactory | None = None,
+        spawn: Spawner | None = None,
+        escalate: Escalate | None = None,
     ) -> None:
-        self.model, self.config, self.events, self.locks = model, config, events, locks
-        self.ignore = ignore or IgnoreRules()
+        """`spawn` makes a worker (tests: a scripted fake; by default a process);
+        `escalate` runs after a wedged worker was killed (the session's GPU reset)."""
+        self.config, self.events, self.locks = config, events, locks
         self.snapshot_dir = snapshot_dir
         self.router = ModelRouter(
             name=model.name,
@@ -93,30 +95,25 @@ class ModelSupervisor:
             request_timeout_s=model.request_timeout_s,
             max_inflight=model.max_inflight,
         )
-        self.workers = workers or WorkerFactory(model, config)
-        self.workers.tell(events)
-        self.st = ModelState(model, events, self.router, self.workers)
-        self.recovery = Recovery(self.st, self.workers, config.root, locks, self.submit)
-        self.workers.on_death = self.recovery.on_death
-        self.recovery.escalate = self._escalate
+        self.workers = WorkerFactory(model, config, events, on_death=self._worker_died, make=spawn)
+        self.st = ModelState(model, ignore or IgnoreRules(), events, self.router, self.workers)
+        self.recovery = Recovery(self.st, self.workers, config.root, locks, self.submit, escalate)
         #: Read-only for everyone but state.py.
         self.record: ModelRecord = self.st.record
-        self.inplace = InPlace(self.workers)  # pushes build in the serving worker, or
-        # in the standby under respawn (`_push_builder`)
-        self.strategy: InPlace | Respawn = (
-            Respawn(self.workers) if model.strategy == "respawn" else self.inplace
-        )
-        #: After a wedged worker is killed, before its replacement: the session's GPU reset.
-        self.escalate: Callable[[ModelSupervisor], Awaitable[None]] | None = None
-        self.overrides = OverrideWarner(model, events)  # each tensor's warning said once
+        # Pushes build in the serving worker, or in the standby under respawn (pushes.py).
+        self.inplace, self.respawn = InPlace(self.workers), Respawn(self.st, self.workers)
+        self.overrides = OverrideWarner(events)  # each tensor's warning said once
         self._pushes = 0
         self._figures = WorkerFigures()
-        self.standby = StandbyKeeper(self.st, self.workers, config.root, self.strategy)
+        self.standby = StandbyKeeper(self.st, self.workers, config.root, self.respawn)
         # Between jobs: the next standby starts (strategy respawn), never beside a build.
         self.jobs = JobLoop(model.name, self._run, self.standby.start_soon)
 
     # ------------------------------------------------------------------ read-only views
 
+    #: The model's settings and ignore rules: ModelState owns them (settings_change.py).
+    model = property(lambda self: self.st.model)
+    ignore = property(lambda self: self.st.ignore)
     name = property(lambda self: self.model.name)
     worker = property(lambda self: self.record.serving)
     state = property(lambda self: self.record.state)
@@ -139,6 +136,11 @@ class ModelSupervisor:
 
     def set_latency_windows(self, latency: Any, queue: Any) -> None:
         self.st.set_latency_windows(latency, queue)  # windows that tell /metrics each sample
+
+    @property
+    def strategy(self) -> InPlace | Respawn:
+        """Where a reload builds, as the model's settings say now."""
+        return self.respawn if self.model.strategy == "respawn" else self.inplace
 
     @property
     def busy(self) -> bool:
@@ -223,6 +225,21 @@ class ModelSupervisor:
             return job
         return self.jobs.submit(job)
 
+    def use_settings(self, settings: settings_change.Settings) -> None:
+        """Settings read each time they are used (settings_change.LIVE_KEYS): applied at
+        once, nothing rebuilt. Others go through `reload(settings=...)`."""
+        self.st.use_settings(settings.model, settings.ignore)
+
+    def _worker_died(self, worker: Worker) -> None:
+        """A serving worker died on its own (a segfault, the OOM killer): a restart job,
+        queued behind the job running now (a reload whose worker died restarts it itself,
+        and this job then finds it replaced)."""
+        if self.jobs.closed or worker is not self.record.serving:
+            return
+        reason = worker.exit_reason or "worker died"
+        self.events.emit(WorkerDied(model=self.name, pid=worker.pid, reason=worker.exit_reason))
+        self.submit(RestartJob(reason=reason, worker=worker))
+
     def refuse_until_reload(self, why: str) -> None:
         """Answer requests at once with `why` until a version serves (a model never up)."""
         self.st.refuse_until_reload(why)
@@ -280,7 +297,7 @@ class ModelSupervisor:
                         info = await phases.build(run, held.worker, self._spec("start"))
                         await phases.own_swap(held.worker)
                 except PhaseFailed:
-                    await held.worker.stop(self.model.deadlines.stop_s)
+                    await held.worker.end(self.model.deadlines.stop_s)
                     raise
                 worker = held.keep()
         except PhaseFailed as exc:
@@ -369,7 +386,7 @@ class ModelSupervisor:
         run: RunPhase,
         job: ReloadJob,
         outcome: ReloadOutcome,
-        old: WorkerProcess | None,
+        old: Worker | None,
         cold: bool,
         strategy: InPlace | Respawn,
     ) -> None:
@@ -377,7 +394,7 @@ class ModelSupervisor:
         st = self.st
         if cold or old is None:  # no live worker: a failed start, an unload, a give-up
             if old is not None:
-                await old.kill()
+                await old.end()
             built = await self._build(strategy, run, job, outcome, "cold")
             st.install(built.worker, built.info, announce=False)
             self.recovery.ensure_watchdog(lambda: self.busy)
@@ -414,12 +431,8 @@ class ModelSupervisor:
             if exc.standby is not None:
                 await self.standby.keep(exc.standby, exc.recycled, after="a failed build")
             raise
-        finally:
-            if isinstance(strategy, Respawn) and strategy.recycle_off and not strategy.told:
-                strategy.told = True
-                self.events.emit(RecycleDisabled(model=self.name, reason=strategy.recycle_off))
         outcome.detail.extend(built.detail)
-        self.overrides.check(job, self.current, built.info)
+        self.overrides.check(self.model, job, self.current, built.info)
         return built
 
     # ------------------------------------------------------------------ push
@@ -490,7 +503,6 @@ class ModelSupervisor:
         for job in await self.jobs.close():
             self._settle_stopped(job)
         await self.recovery.close()
-        self.strategy.close()
         await self.standby.close()
         await self.st.drain_and_stop(drain_timeout_s)
 
@@ -501,11 +513,9 @@ class ModelSupervisor:
         else:
             job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
 
-    async def _escalate(self) -> None:
-        if self.escalate is not None:
-            await self.escalate(self)
-
-    async def worker_status(self, timeout_s: float = 1.0, max_age_s: float = 0.0) -> dict[str, Any]:
+    async def worker_status(
+        self, timeout_s: float = 1.0, max_age_s: float = 0.0
+    ) -> StatusReply | None:
         return await self._figures.read(self.record.serving, timeout_s, max_age_s)
 
     async def status(self, worker_max_age_s: float = 0.0) -> dict[str, Any]:

@@ -17,18 +17,17 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from hotreload.engine import event_kinds
 from hotreload.engine.event_kinds import RestoreFailed
 from hotreload.engine.model import phases
 from hotreload.engine.model.built import Built, Retired
 from hotreload.engine.model.inplace import InPlace
-from hotreload.engine.model.jobs import PhaseFailed, ReloadOutcome, Wedged
+from hotreload.engine.model.jobs import PhaseFailed, Ran, ReloadOutcome, Wedged
 from hotreload.engine.model.phases import RunPhase
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.state import ModelState
-from hotreload.engine.worker_proc import WorkerProcess
+from hotreload.engine.worker_port import Worker
 
 Strategy = InPlace | Respawn
 
@@ -37,7 +36,7 @@ async def swap_in(
     run: RunPhase,
     st: ModelState,
     strategy: Strategy,
-    old: WorkerProcess,
+    old: Worker,
     built: Built,
     outcome: ReloadOutcome,
 ) -> Retired | None:
@@ -54,12 +53,12 @@ async def swap_in(
         return None
     new, router, d = built.worker, st.router, st.model.deadlines
 
-    async def swap() -> dict[str, Any]:
+    async def swap() -> Ran[None]:
         st.install(new, built.info, announce=False, handover=True)
-        return {
-            "detail": f"new requests go to worker pid {new.pid}; "
+        return Ran(
+            f"new requests go to worker pid {new.pid}; "
             f"{router.draining} still in flight on pid {old.pid}"
-        }
+        )
 
     async with retiring(st, old):
         await run("swap", swap)
@@ -92,7 +91,7 @@ async def drain(
     running: Callable[[], int],
     drain_wait_s: float,
     on: str | None = None,
-) -> dict[str, Any]:
+) -> Ran[None]:
     """The drain phase: wait, to the drain deadline, for the requests in flight (`on` the
     old worker of a hand-over); past it a forward is hung and the worker wedged."""
     n, where = running(), f" on the {on}" if on else ""
@@ -102,10 +101,10 @@ async def drain(
             f"{running()} request(s) still running{where} after the {drain_wait_s:g} s "
             "drain deadline: a forward is hung",
         )
-    return {"detail": f"{n} request(s) finished{where}" if on else f"{n} request(s) in flight"}
+    return Ran(f"{n} request(s) finished{where}" if on else f"{n} request(s) in flight")
 
 
-async def quiesce(run: RunPhase, st: ModelState, worker: WorkerProcess) -> None:
+async def quiesce(run: RunPhase, st: ModelState, worker: Worker) -> None:
     """Stop admission, wait for the requests in flight, then for the old streams."""
     router, d = st.router, st.model.deadlines
 
@@ -118,7 +117,7 @@ async def quiesce(run: RunPhase, st: ModelState, worker: WorkerProcess) -> None:
 
 
 async def behind_gate(
-    run: RunPhase, st: ModelState, strategy: Strategy, old: WorkerProcess, built: Built
+    run: RunPhase, st: ModelState, strategy: Strategy, old: Worker, built: Built
 ) -> Retired | None:
     """The resource policy's end: swap while the gate is closed, resume, and retire the old
     worker when the version was built in another one."""
@@ -139,7 +138,7 @@ async def behind_gate(
         return await retire(run, st, strategy, old, None)
 
 
-async def restore(st: ModelState, old: WorkerProcess) -> None:
+async def restore(st: ModelState, old: Worker) -> None:
     """Resource policy, after a failed build: the offloaded old version back, serving. A
     worker that died, or cannot restore, is left dead: the supervisor restarts it."""
     if not old.alive:
@@ -152,22 +151,20 @@ async def restore(st: ModelState, old: WorkerProcess) -> None:
 
 
 async def retire(
-    run: RunPhase, st: ModelState, strategy: Strategy, old: WorkerProcess, gone: str | None
+    run: RunPhase, st: ModelState, strategy: Strategy, old: Worker, gone: str | None
 ) -> Retired:
     """The release phase of a worker a swap replaced: the strategy says what becomes of it
     (killed, kept as the next standby, stopped)."""
-    box: list[Retired] = []
 
-    async def release() -> dict[str, Any]:
-        box.append(await strategy.retire(old, gone, st.record.standby is None))
-        return box[0].result
+    async def release() -> Ran[Retired]:
+        retired = await strategy.retire(old, gone, st.record.standby is None)
+        return Ran(retired.detail, retired)
 
-    await run("release", release)
-    return box[0]
+    return (await run("release", release)).value
 
 
 @contextlib.asynccontextmanager
-async def retiring(st: ModelState, old: WorkerProcess | None) -> AsyncIterator[None]:
+async def retiring(st: ModelState, old: Worker | None) -> AsyncIterator[None]:
     """From the swap on, the old worker is neither the serving one nor the standby: the
     reload owns it (WorkerFactory.owned) until the release phase has stopped, killed or kept
     it, so if the reload stops before (cancelled at shutdown, a bug of ours) it goes too."""
