@@ -34,7 +34,11 @@ STARTS_A_WORKER = (
 )
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one-process", "xdist"])
+# The xdist case starts a worker process of pytest's: slow, so in the full suite only.
+XDIST = pytest.param(["-n", "1"], id="xdist", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("workers", [pytest.param([], id="one-process"), XDIST])
 def test_a_test_that_starts_a_worker_fails_in_the_quick_tier_saying_what_to_do(
     workers: list[str],
 ) -> None:

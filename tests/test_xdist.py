@@ -38,6 +38,7 @@ def test_each_xdist_worker_locks_in_a_folder_of_its_own_inside_the_runs(
     assert len(folders) == 2
 
 
+@pytest.mark.slow  # two pytest-xdist workers collecting a module: out of the quick tier
 def test_tests_sharing_a_module_fixture_run_on_one_worker() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     out = subprocess.run(
