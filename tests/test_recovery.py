@@ -1,185 +1,27 @@
-"""Races between reloads, restarts and shutdown: real worker processes, the example on CPU."""
+"""Recovery with real worker processes, the example on CPU: what only a real process shows.
+
+The races between reloads, restarts and shutdown (a reload asked for while the worker
+restarts, a worker dying in a resource-policy reload, the old worker dying while a respawn
+builds, a stop during a reload) are engine behaviour and run on the fake worker through the
+port: tests/supervisor/test_supervisor_races.py and test_supervisor_steps.py. A real SIGKILL
+and restart under load is tests/test_serve.py's; a real resource-policy reload whose build
+fails is tests/test_reload.py's `test_policies_and_strategies`.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from hotreload import Client
-from hotreload.config import load_config
-from hotreload.engine.model import ReloadOutcome
-from hotreload.engine.session import Session
-from tests.support import ServeProcess, make_project, read_events, wait_until
+from tests.support import make_project, wait_until
 
 X = np.random.default_rng(5).standard_normal((1, 64), dtype=np.float32)
-
-
-def live_workers(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def set_policy(config: Path, policy: str, strategy: str = "inplace") -> None:
-    text = config.read_text().replace('policy = "auto"', f'policy = "{policy}"')
-    config.write_text(text.replace('strategy = "inplace"', f'strategy = "{strategy}"'))
-
-
-def assert_one_worker_serves_v2(
-    session: ServeProcess, client: Client, pid: int, expected: np.ndarray
-) -> None:
-    """Worker `pid` is the only one left, and v2 answers as v1 did."""
-    wait_until(
-        lambda: live_workers(session.worker_pids()) == [pid],
-        30,
-        what=f"only worker {pid} (have {session.worker_pids()})",
-    )
-    out, version, _ = client.infer("mlp", X)
-    assert version == 2
-    np.testing.assert_array_equal(out, expected)
-
-
-def test_reload_asked_for_while_the_worker_restarts_leaves_one_worker(project: Path, serve) -> None:
-    session = serve(project)
-    client = Client(config=project, timeout_s=120)
-    expected = client.infer("mlp", X).output
-    os.kill(client.status()["models"][0]["pid"], signal.SIGKILL)
-    wait_until(lambda: client.status()["models"][0]["state"] == "restarting", 30, what="restarting")
-    outcome = client.reload("mlp", force=True)["outcomes"][0]
-    assert outcome["ok"] is True and outcome["version"] == 2
-    status = client.status()["models"][0]
-    assert status["state"] == "serving" and status["restarts"] == 1
-    # One worker: the reload waited for the restart instead of starting a second one.
-    assert_one_worker_serves_v2(session, client, status["pid"], expected)
-
-
-def test_worker_dying_in_a_resource_reload_is_restarted_and_the_reload_names_the_phase(
-    project: Path, serve
-) -> None:
-    set_policy(project, "resource")
-    session = serve(project, "--no-tui", command="watch")
-    client = Client(config=project, timeout_s=120)
-    expected = client.infer("mlp", X).output
-    model = project.parent / "model.py"
-    good = model.read_text()
-    # The old version is offloaded first (resource), then the new code kills the process.
-    model.write_text(good + "\nimport os\nos._exit(3)\n")
-    wait_until(
-        lambda: any(e["kind"] == "reload_failed" for e in read_events(project)),
-        60,
-        what="the failed reload",
-    )
-    failed = next(e for e in read_events(project) if e["kind"] == "reload_failed")
-    assert failed["phase"] == "load", failed
-    assert "worker died" in failed["error"] and "restarted with v1" in failed["error"], failed
-    status = client.status()["models"][0]
-    assert status["state"] == "serving" and status["version"] == 1
-    out, version, _ = client.infer("mlp", X)
-    assert version == 1
-    np.testing.assert_array_equal(out, expected)
-    assert len(live_workers(session.worker_pids())) == 1
-    # The next good save goes live as usual.
-    model.write_text(good.replace("SCALE = 1.0", "SCALE = 2.0"))
-    wait_until(lambda: client.status()["models"][0]["version"] == 2, 60, what="v2")
-    np.testing.assert_allclose(client.infer("mlp", X).output, expected * 2, rtol=1e-5)
-
-
-SLOW_WHEN_MARKED = """
-import pathlib
-import time
-
-import model_base
-
-MARK = pathlib.Path(__file__).with_name("slow.mark")
-
-
-def build():
-    if MARK.exists():
-        MARK.write_text("loading")
-        time.sleep(4)
-    return model_base.build()
-
-
-example_input = model_base.example_input
-"""
-
-
-def slow_respawn_project(tmp_path: Path) -> Path:
-    config = make_project(tmp_path)
-    folder = config.parent
-    (folder / "model.py").rename(folder / "model_base.py")
-    (folder / "model.py").write_text(SLOW_WHEN_MARKED)
-    set_policy(config, "availability", "respawn")
-    # A fresh spawn per reload: these tests count worker processes (the standby has its own).
-    config.write_text(
-        config.read_text().replace('strategy = "respawn"', 'strategy = "respawn"\nstandby = false')
-    )
-    return config
-
-
-def test_old_worker_dying_while_a_respawn_builds_the_new_one(tmp_path: Path, serve) -> None:
-    config = slow_respawn_project(tmp_path)
-    session = serve(config)
-    client = Client(config=config, timeout_s=120)
-    expected = client.infer("mlp", X).output
-    old_pid = client.status()["models"][0]["pid"]
-    mark = config.parent / "slow.mark"
-    mark.write_text("")
-    outcomes: list[dict] = []
-    t = threading.Thread(
-        target=lambda: outcomes.append(
-            Client(config=config, timeout_s=120).reload("mlp", force=True)
-        )
-    )
-    t.start()
-    wait_until(lambda: mark.read_text() == "loading", 60, what="the new worker loading")
-    os.kill(old_pid, signal.SIGKILL)
-    t.join(120)
-    assert not t.is_alive()
-    outcome = outcomes[0]["outcomes"][0]
-    # The new worker was ready: it takes over instead of being thrown away with the old one.
-    assert outcome["ok"] is True and outcome["version"] == 2, outcome
-    status = client.status()["models"][0]
-    assert status["pid"] != old_pid and status["state"] == "serving"
-    assert_one_worker_serves_v2(session, client, status["pid"], expected)
-
-
-def test_stop_during_a_reload_answers_every_waiting_caller(tmp_path: Path) -> None:
-    config_path = slow_respawn_project(tmp_path)
-    (config_path.parent / "slow.mark").write_text("")
-    config = load_config(config_path)
-
-    async def scenario() -> tuple[ReloadOutcome, ReloadOutcome, ReloadOutcome]:
-        session = Session(config, endpoint=False, telemetry=False)
-        try:
-            await session.start()
-            first = asyncio.create_task(session.reload_model("mlp", force=True))
-            while session.models["mlp"].reload_phase != "load":
-                await asyncio.sleep(0.01)
-            follow_up = asyncio.create_task(session.reload_model("mlp", force=True))
-            await asyncio.sleep(0)
-        finally:
-            await session.stop()
-        late = await session.reload_model("mlp", force=True)
-        return await first, await follow_up, late
-
-    first, follow_up, late = asyncio.run(asyncio.wait_for(scenario(), 120))
-    assert not first.ok and "stopped before the reload finished" in (first.error or "")
-    assert not follow_up.ok and "stopped before the reload finished" in (follow_up.error or "")
-    assert not late.ok and "the session is stopping" in (late.error or "")
 
 
 LAYERS = "FACTOR = 1.0\n"
