@@ -130,6 +130,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser(
+        "diff",
+        help="compare two kept versions' golden outputs",
+        description="Compare two versions of a model on its golden inputs (the example and "
+        "the config's `golden`): the largest absolute and relative difference and top-1 "
+        "flips per output, a generator's first differing token. Each version's golden "
+        "outputs are kept in the session's state folder as it is built (the last 8 "
+        "versions of the session), so nothing runs again. Typical use: `hotreload diff "
+        "mlp` (the serving version and the one before), `hotreload diff mlp 3 5 --json`.",
+    )
+    p.add_argument("model", help="the model's name")
+    p.add_argument("a", nargs="?", type=int, help="the older version (default: the one before B)")
+    p.add_argument("b", nargs="?", type=int, help="the newer version (default: the serving one)")
+    _add_config_arg(p)
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON document (from, to, identical, ...)"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="the largest absolute difference still the same (default: the model's "
+        "`tolerance` in the config, as the expect = \"same\" gate uses; 0: bit-equal)",
+    )
+    p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser(
         "reload",
         help="ask the running session to reload a model and wait",
         description="Ask the running session to reload a model (default: every model), wait "
@@ -144,6 +170,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="build even when nothing changed since the last build"
     )
     p.set_defaults(func=_cmd_reload)
+
+    p = sub.add_parser(
+        "rollback",
+        help="serve a kept earlier version of a model again",
+        description="Serve an earlier version of a model again, under a new version number, "
+        "through the same load, warm, smoke and swap as a reload. The session keeps the "
+        "last `keep_versions` good versions (default 3): code, weights and pushed weights. "
+        "Exit 0 when it serves, 1 when it failed or is not kept (the serving version keeps "
+        "serving), 3 when no session runs. Typical use: `hotreload rollback mlp` (the "
+        "version before the serving one), `hotreload rollback mlp 2`.",
+    )
+    p.add_argument("model", nargs="?", help="model name (default: the only model)")
+    p.add_argument(
+        "version", nargs="?", type=int, help="the kept version (default: the one before)"
+    )
+    _add_config_arg(p)
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=_cmd_rollback)
+
+    p = sub.add_parser(
+        "save",
+        help="write the weights a model serves now (pushed ones included) to a folder",
+        description="Write the weights a model serves now, pushed ones included, into a "
+        "folder: model.safetensors under the model's own names (a Hugging Face model: its "
+        "save_pretrained folder, which from_pretrained loads), and hotreload.json with the "
+        "version and weights digest. Exit 0 when saved, 1 when not, 3 when no session runs. "
+        "Typical use: `hotreload save mlp checkpoints/best`.",
+    )
+    p.add_argument("model", help="the model's name")
+    p.add_argument("folder", help="where to write (created if missing)")
+    _add_config_arg(p)
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder that has files in it (those of the same names are overwritten)",
+    )
+    p.set_defaults(func=_cmd_save)
 
     p = sub.add_parser(
         "report",
@@ -286,6 +350,14 @@ def _cmd_export_triton(args: argparse.Namespace) -> int:
     return export_triton_main(args.out_dir, args.config, args.model)
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from hotreload.commands.diff import diff_main
+
+    return diff_main(
+        args.config, args.model, args.a, args.b, as_json=args.json, tolerance=args.tolerance
+    )
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from hotreload.commands.status import status_main
 
@@ -296,6 +368,18 @@ def _cmd_reload(args: argparse.Namespace) -> int:
     from hotreload.commands.reload import reload_main
 
     return reload_main(args.config, args.model, as_json=args.json, force=args.force)
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    from hotreload.commands.rollback import rollback_main
+
+    return rollback_main(args.config, args.model, args.version, as_json=args.json)
+
+
+def _cmd_save(args: argparse.Namespace) -> int:
+    from hotreload.commands.save import save_main
+
+    return save_main(args.config, args.model, args.folder, as_json=args.json, force=args.force)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import socket
 import threading
@@ -41,6 +42,10 @@ from hotreload.protocol.framing import (
 )
 from hotreload.protocol.weights_ops import version_reply, wait_version_header
 from hotreload.push_lane import AsyncLane, PushHandle, ThreadLane, pack_push
+
+#: A call's `timeout_s` that waits as long as the session's job takes (its own deadlines
+#: bound it): a rollback or save of a big model outlasts any client-side guess.
+UNBOUNDED = math.inf
 
 
 def _no_server(path: Path, exc: OSError) -> NoServerError:
@@ -138,7 +143,9 @@ class Client:
         header["id"] = next(self._ids)
         sock = self._conn()
         try:
-            if timeout_s is not None:
+            if timeout_s == UNBOUNDED:  # a job the session's own deadlines bound
+                sock.settimeout(None)
+            elif timeout_s is not None:
                 sock.settimeout(timeout_s + 5.0)  # above the server's own deadline
             send_frame(sock, pack_frame(header, blobs or []))
             if on_sent is not None:
@@ -192,6 +199,59 @@ class Client:
         Nothing changed since the serving build: a no-op (`unchanged`) unless `force`."""
         header = {"op": "reload", "model": model, "trigger": "command", "force": force}
         return self.call(header, timeout_s=timeout_s).header
+
+    def rollback(
+        self,
+        model: str | None = None,
+        version: int | None = None,
+        *,
+        timeout_s: float = UNBOUNDED,
+    ) -> dict[str, Any]:
+        """Serve a kept version of `model` again, as the next version (`version` None: the
+        one before the serving one); waits for the outcome (`outcomes`, as `reload`'s).
+        A rollback loads a whole model: by default the wait is the session's (the model's
+        load, warm and smoke deadlines bound it), not the client's `timeout_s`; a number
+        bounds it (TimeoutError: the rollback goes on in the session)."""
+        header: dict[str, Any] = {"op": "rollback", "model": model}
+        if version is not None:  # a header's `version` is checked as a number where present
+            header["version"] = version
+        return self._long_call(header, timeout_s, "the rollback").header
+
+    def evals(self, model: str | None = None, since: int = 0) -> dict[str, Any]:
+        """The eval results (config `eval`) of `model`'s versions from `since` on, oldest
+        first: `{"configured": bool, "evals": [{"version", "figures", "eval_s"} or
+        {"version", "error"}, ...]}`. Cheap: the session answers from its history."""
+        return self.call({"op": "evals", "model": model, "since": since}).header
+
+    def save(
+        self,
+        model: str | None,
+        folder: str | os.PathLike[str],
+        *,
+        force: bool = False,
+        timeout_s: float = UNBOUNDED,
+    ) -> dict[str, Any]:
+        """Write the serving weights of `model` (pushed ones included) into `folder` as
+        safetensors under the model's own names, or a Hugging Face model's
+        `save_pretrained` folder; returns what was written, with the version and digest.
+        A folder with files in it is refused unless `force`. By default the wait is the
+        session's (the model's `deadlines.load_s` bounds the write), not the client's
+        `timeout_s`; a number bounds it (TimeoutError: the save goes on in the session)."""
+        header = {
+            "op": "save", "model": model, "folder": str(Path(folder).resolve()), "force": force,
+        }  # fmt: skip
+        return self._long_call(header, timeout_s, "the save").header["saved"]
+
+    def _long_call(self, header: dict[str, Any], timeout_s: float, what: str) -> Frame:
+        """A call that runs a model-sized job: TimeoutError says it goes on in the session."""
+        try:
+            return self.call(header, timeout_s=timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no answer within {timeout_s:g} s; {what} goes on in the session (its "
+                "outcome is in `hotreload status` and the log): wait longer, or pass "
+                "timeout_s=math.inf to wait for it"
+            ) from None
 
     @overload
     def update_weights(

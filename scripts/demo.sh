@@ -25,6 +25,8 @@ if [ "$fresh" = 1 ] || [ ! -f "$work/hotreload.toml" ]; then
 else
   echo "demo: serving $work/ with your edits (./scripts/demo.sh --fresh starts again)" >&2
 fi
-echo "demo: edit $work/model.py (say SCALE = 2.0) and save; new weights:" \
-  ".venv/bin/python $work/make_weights.py --seed 1" >&2
+echo "demo: edit $work/model.py (say SCALE = 2.0) and save: the golden panel says how far" \
+  "the answers moved (hotreload diff mlp --config $work/hotreload.toml); new weights:" \
+  ".venv/bin/python $work/make_weights.py --seed 1; b in the dashboard (or" \
+  "hotreload rollback mlp --config $work/hotreload.toml) serves the version before again" >&2
 exec .venv/bin/hotreload watch --config "$work/hotreload.toml" ${args[@]+"${args[@]}"}

@@ -90,6 +90,10 @@ class ScriptedSource:
         self.calls.append(("reload", model))
         return []
 
+    async def rollback(self, model: str) -> list[ReloadOutcome]:
+        self.calls.append(("rollback", model))
+        return []
+
     async def rewarm(self, model: str) -> dict[str, Any]:
         self.calls.append(("rewarm", model))
         return {"warm_s": 0.01, "passes_ms": [1.0, 1.0, 1.0]}

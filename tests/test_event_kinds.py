@@ -34,6 +34,7 @@ VALUES: dict[str, Any] = {
     "list[float]": [1.5, 2.0],
     "dict[str, float]": {"load": 0.5, "warm": 0.125},
     "dict[str, list[int]]": {"mlp": [0, 1]},
+    "dict[str, Any]": {"compiles": 2, "seconds": 1.5, "hits": 1, "misses": 1, "reasons": []},
     "list[dict[str, Any]]": [{"name": "kmsg", "active": False, "reason": "no access"}],
 }
 

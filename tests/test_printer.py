@@ -55,6 +55,20 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
         "mlp: v2 ready on cpu (load 0.00 s, warm-up 0.00 s, worker pid 7)",
     ),
     (
+        {
+            "kind": "eval_done",
+            "model": "mlp",
+            "version": 3,
+            "figures": {"loss": 0.41237, "accuracy": 0.875},
+            "eval_s": 0.25,
+        },
+        "mlp: eval v3: loss 0.4124, accuracy 0.875 in 0.25 s",
+    ),
+    (
+        {"kind": "eval_done", "model": "mlp", "version": 3, "error": "eval: boom"},
+        "mlp: eval of v3 FAILED: eval: boom (v3 serves on)",
+    ),
+    (
         {"kind": "model_note", "model": "mlp", "message": "output 'aux' left out"},
         "mlp: note: output 'aux' left out",
     ),
@@ -241,6 +255,29 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
             "trigger": "file",
         },
         "mlp: reload -> v3 ok in 0.46 s (availability, inplace)",
+    ),
+    (
+        {
+            "kind": "reload_done",
+            "model": "bert",
+            "version": 5,
+            "total_s": 14.2,
+            "policy": "availability",
+            "strategy": "inplace",
+            "phases": {"warm": 13.9},
+            "trigger": "file",
+            "compile": {
+                "compiles": 3,
+                "seconds": 13.21,
+                "hits": 4,
+                "misses": 1,
+                "cache": {"fx_hit": 4, "fx_miss": 1},
+                "reasons": ["0/0: tensor 'args[0]' size mismatch at index 0. expected 1, actual 2"],
+            },
+        },
+        "bert: reload -> v5 ok in 14.20 s (availability, inplace); compiled 13.21 s (3 compiles; "
+        "cache 4 hit(s), 1 miss(es)); recompiled: 0/0: tensor 'args[0]' size mismatch at index "
+        "0. expected 1, actual 2",
     ),
     (
         {

@@ -28,15 +28,20 @@ from hotreload.engine.worker_port import Worker, WorkerReplyError
 from hotreload.engine.worker_proc import WorkerProcess
 from hotreload.protocol.framing import Frame, pack_frame, unpack_body
 from hotreload.protocol.messages import (
+    CANCELLED,
     OPS,
+    PARTIAL,
     REQUEST_PATH_OPS,
+    CancelRequest,
     DigestRequest,
+    EvalRequest,
     LoadRequest,
     OffloadRequest,
     PingRequest,
     ReleaseRequest,
     RestoreRequest,
     RetireRequest,
+    SaveRequest,
     ShutdownRequest,
     SmokeRequest,
     StatusRequest,
@@ -45,6 +50,7 @@ from hotreload.protocol.messages import (
     WarmRequest,
 )
 from hotreload.protocol.ops import WorkerOp
+from tests.stream_lm import count_project
 from tests.supervisor.fake_worker import FakeWorker, Script
 from tests.support import make_project
 
@@ -108,8 +114,9 @@ def test_an_op_travels_as_its_plain_string() -> None:
 # ---------------------------------------------------------------------- one script, both sides
 
 
-async def _script(worker: Worker) -> list[tuple[str, Any]]:
-    """Every control op once or more, in a worker's real order; what each answered."""
+async def _script(worker: Worker, folder: Path) -> list[tuple[str, Any]]:
+    """Every control op once or more, in a worker's real order; what each answered.
+    `folder`: where SAVE writes the serving weights."""
     seen: list[tuple[str, Any]] = []
 
     def saw(reply: Any, value: Any = None) -> None:
@@ -127,6 +134,10 @@ async def _script(worker: Worker) -> list[tuple[str, Any]]:
     saw(await worker.sync(SyncRequest(), 30.0), "skipped")
     digest = await worker.digest(DigestRequest(), 60.0)
     saw(digest, isinstance(digest.digest, str) and digest.digest.startswith("sha256:"))
+    saved = await worker.save(SaveRequest(str(folder), "mlp", digest.digest), 60.0)
+    saw(saved, sorted(saved.files))
+    with pytest.raises(WorkerReplyError, match="no `eval` is configured for this model"):
+        await worker.eval(EvalRequest(1), 30.0)
     await worker.load(LoadRequest(2, reimport=False), 120.0)
     await worker.warm(WarmRequest(iters=1), 60.0)
     await worker.smoke(SmokeRequest(), 60.0)
@@ -137,6 +148,8 @@ async def _script(worker: Worker) -> list[tuple[str, Any]]:
     saw(await worker.restore(RestoreRequest(), 60.0), 2)
     with pytest.raises(WorkerReplyError, match="no version is staged"):
         await worker.swap(SwapRequest(), 30.0)
+    # A CANCEL for a request not running (ended, or never sent) is answered and does nothing.
+    saw(await worker.cancel(CancelRequest(target=10_000), 30.0))
     saw(await worker.retire(RetireRequest(), 30.0))
     status = await worker.status(StatusRequest(), 30.0)
     saw(status, status.version)
@@ -154,24 +167,108 @@ EXPECTED = [
     ("StatusReply", "status"),
     ("SyncReply", "skipped"),
     ("DigestReply", True),
+    ("SaveReply", ["hotreload.json", "model.safetensors"]),
     ("SwapReply", (2, "SyncReply")),
     ("FreedReply", None),
     ("Done", None),
     ("RestoreReply", 2),
+    ("Done", None),
     ("FreedReply", None),
     ("StatusReply", None),
     ("ended", (False, True)),
 ]
 
 
-def test_the_fake_answers_the_script_as_the_port_says() -> None:
-    assert asyncio.run(_script(FakeWorker(Script(), generation=1))) == EXPECTED
+def test_the_fake_answers_the_script_as_the_port_says(tmp_path: Path) -> None:
+    assert asyncio.run(_script(FakeWorker(Script(), generation=1), tmp_path)) == EXPECTED
 
 
 def test_the_real_worker_answers_the_same_script(tmp_path: Path) -> None:
     """The same script on a real worker process: the same classes, versions and failure."""
     config = load_config(make_project(tmp_path))
-    assert asyncio.run(_script(WorkerProcess(config.models[0], config, 1))) == EXPECTED
+    saved = tmp_path / "saved"
+    assert asyncio.run(_script(WorkerProcess(config.models[0], config, 1), saved)) == EXPECTED
+    assert (saved / "model.safetensors").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------- streamed text, both sides
+
+
+async def _streamed(
+    worker: Worker, prompt: str, max_tokens: int, cancel_after: int = 0
+) -> list[Frame]:
+    """Every frame of one streamed completion, the final one last; with `cancel_after`, a
+    CANCEL is sent once that many token frames came."""
+    frames: asyncio.Queue[Frame] = asyncio.Queue()
+
+    def got(frame: Frame | None, error: BaseException | None) -> None:
+        assert frame is not None, error
+        frames.put_nowait(frame)
+
+    text = {
+        "task": "complete",
+        "prompts": [prompt],
+        "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
+        "stream": True,
+    }
+    header: dict[str, Any] = {"op": WorkerOp.TEXT, "text": text}
+    assert worker.submit(header, (), got)
+    out: list[Frame] = []
+    while not out or out[-1].header.get(PARTIAL):
+        out.append(await asyncio.wait_for(frames.get(), 60.0))
+        if cancel_after and len(out) == cancel_after:
+            assert type(await worker.cancel(CancelRequest(header["id"]), 30.0)).__name__ == "Done"
+    return out
+
+
+async def _stream_script(worker: Worker) -> list[tuple[str, Any]]:
+    """A streamed completion (a frame per token, each naming the version and digest, then
+    the reply), and one stopped by a CANCEL at its next token."""
+    await worker.start(120.0)
+    await worker.load(LoadRequest(1), 120.0)
+    await worker.swap(SwapRequest(), 30.0)
+    *parts, last = await _streamed(worker, "ab", 4)
+    final = last.header
+    (choice,) = final["choices"]
+    pieces = [p.header["choices"][0]["text"] for p in parts]
+    seen: list[tuple[str, Any]] = [
+        ("parts", len(parts)),
+        ("one version", {p.header["version"] for p in parts} == {final["version"]} == {1}),
+        ("one digest", {p.header["digest"] for p in parts} == {final["digest"]}),
+        ("adds up", "".join(pieces) == choice["text"] and len(pieces[0]) > 0),
+        ("ends", (choice["finish_reason"], final["usage"]["completion_tokens"])),
+    ]
+    *parts, last = await _streamed(worker, "ab", 900, cancel_after=2)
+    error = last.header.get("error") or {}
+    seen.append(("cancelled", (last.header["ok"], error.get("code"), len(parts) < 900)))
+    seen.append(("counted", (await worker.status(StatusRequest(), 30.0)).cancelled))
+    await worker.end(5.0)
+    return seen
+
+
+STREAM_EXPECTED = [
+    ("parts", 4),
+    ("one version", True),
+    ("one digest", True),
+    ("adds up", True),
+    ("ends", ("length", 4)),
+    ("cancelled", (False, CANCELLED, True)),
+    ("counted", 1),
+]
+
+
+def test_the_fake_streams_as_the_port_says() -> None:
+    assert asyncio.run(_stream_script(FakeWorker(Script(), generation=1))) == STREAM_EXPECTED
+
+
+def test_the_real_worker_streams_the_same(tmp_path: Path) -> None:
+    """The counting LM (tests/stream_lm.py: no end-of-text) streams its tokens, one frame
+    each at 20 ms a token (the worker groups tokens made within 10 ms: STREAM_FRAME_S), and
+    a CANCEL stops it long before its 900th."""
+    config = load_config(count_project(tmp_path, delay_s=0.02))
+    assert asyncio.run(_stream_script(WorkerProcess(config.models[0], config, 1))) == (
+        STREAM_EXPECTED
+    )
 
 
 def test_a_malformed_request_is_answered_naming_its_field(tmp_path: Path) -> None:

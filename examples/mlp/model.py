@@ -1,6 +1,7 @@
 """A small MLP for hotreload's example: edit it while `hotreload watch` runs.
 
-Try: change SCALE, or ACTIVATION, save, and watch the version go up in the dashboard.
+Try: change SCALE, or ACTIVATION, save, and watch the version go up in the dashboard; its
+golden panel says how far the answers moved (a pure refactor: "outputs identical").
 """
 
 import torch
@@ -40,3 +41,10 @@ def example_input() -> torch.Tensor:
     """Used for warm-up and the smoke test; clients send the same shape (batch may vary)."""
     g = torch.Generator().manual_seed(0)
     return torch.randn(1, IN_FEATURES, generator=g)
+
+
+def golden() -> list[torch.Tensor]:
+    """Inputs every new version answers before it serves, beside the example: compared with
+    the version it replaces (`golden` in hotreload.toml; `hotreload diff mlp`)."""
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(4, IN_FEATURES, generator=g)]

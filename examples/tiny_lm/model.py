@@ -16,11 +16,18 @@ VOCAB = 256 + 3
 SEED = 0
 #: How many of the most likely tokens the sampler picks from (1 = greedy). An easy edit.
 TOP_K = 1
+#: The chat template /v1/chat/completions renders messages with: Jinja, as a Hugging Face
+#: tokenizer's `chat_template` (it reads `messages` and `add_generation_prompt`). The text is
+#: then encoded without BOS, as vLLM encodes a chat.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def encode(text: str, add_special_tokens: bool = True) -> list[int]:
-    """Bytes as ids, after BOS unless told not to (the text routes' `/tokenize` and an eval
-    harness splitting context from continuation ask without)."""
+    """Bytes as ids, after BOS unless told not to (an eval harness splitting context from
+    continuation asks without, and a chat's rendered text is encoded without)."""
     ids = [b + 3 for b in text.encode()]
     return [BOS, *ids] if add_special_tokens else ids
 

@@ -26,6 +26,7 @@ from hotreload.commands.check_results import (
     report_json,
 )
 from hotreload.config import Config, ModelConfig, load_config
+from hotreload.engine.compile_figures import compile_text
 from hotreload.engine.event_kinds import BaseEvent, LockWait
 from hotreload.engine.events import EventBus
 from hotreload.engine.model import PhaseFailed
@@ -178,11 +179,13 @@ class ModelCheck:
             passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
             return (
                 f"v1 on {self.report.device}: load {info.load_s * 1000:.0f} ms, "
-                f"warm-up {info.warm_s * 1000:.0f} ms ({passes} ms)",
+                f"warm-up {info.warm_s * 1000:.0f} ms ({passes} ms){_compiled(info.compile)}",
                 {
                     "load_s": info.load_s,
                     "warm_s": info.warm_s,
                     "warm_passes_ms": list(info.warm_passes_ms),
+                    # torch.compile in the warm phase (None: an eager model).
+                    "compile": info.compile,
                 },
                 None,
             )
@@ -249,6 +252,7 @@ class ModelCheck:
                     "memory_bytes": now,
                     "growth_bytes": growth,
                     "memory_kind": label,
+                    "compile": host.view.compile,
                 }
                 if growth > threshold:
                     raise CheckFailed(
@@ -259,7 +263,8 @@ class ModelCheck:
                     )
                 return (
                     f"v{outcome.version} in {outcome.total_s * 1000:.0f} ms ({phases} ms); "
-                    f"{label} {'+' if growth >= 0 else ''}{_mib(growth)}",
+                    f"{label} {'+' if growth >= 0 else ''}{_mib(growth)}"
+                    f"{_compiled(host.view.compile)}",
                     figures,
                     None,
                 )
@@ -369,6 +374,11 @@ def _load_step(model: ModelConfig, error: str, traceback: str | None) -> str:
     if example.spec in error or (example.attr and frame in (traceback or "")):
         return "example"
     return "load"
+
+
+def _compiled(figures: dict[str, Any] | None) -> str:
+    """`; compiled 1.20 s (...)` for a version torch.compile ran in; "" for an eager one."""
+    return f"; {compile_text(figures)}" if figures else ""
 
 
 def _hint_for(

@@ -9,6 +9,8 @@ from typing import Any, TextIO
 
 from hotreload.colour import paint, wants_colour
 from hotreload.engine import event_kinds as ev
+from hotreload.engine.compile_figures import compile_text
+from hotreload.engine.golden_text import summary as golden_summary
 from hotreload.engine.telemetry import describe_xid_sources
 
 #: The colour of an event's first line in a terminal (a traceback below it is dimmed).
@@ -77,11 +79,24 @@ def _phase_end(e: ev.PhaseEnd) -> str:
 def _reload_done(e: ev.ReloadDone) -> str:
     if e.unchanged:
         return f"{e.model}: {e.unchanged}"
+    what = "reload"
+    if e.trigger == "rollback":  # a kept version served again: which one
+        what = f"rollback to v{e.rollback_of}" if e.rollback_of else "rollback"
     return (
-        f"{e.model}: reload -> v{e.version} ok in {e.total_s:.2f} s "
+        f"{e.model}: {what} -> v{e.version} ok in {e.total_s:.2f} s "
         f"({e.policy}, {e.strategy}){_weights(e.digest)}"
         + (f"; inputs changed: {e.inputs_changed}" if e.inputs_changed else "")
+        + (f"; {compile_text(e.compile)}" if e.compile else "")
+        + (f"; {golden_summary(e.golden)}" if e.golden else "")
     )
+
+
+def _eval_done(e: ev.EvalDone) -> str:
+    if e.error:
+        return f"{e.model}: eval of v{e.version} FAILED: {e.error} (v{e.version} serves on)"
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in (e.figures or {}).items()) or "no figures"
+    took = f" in {e.eval_s:.2f} s" if e.eval_s is not None else ""
+    return f"{e.model}: eval v{e.version}: {shown}{took}"
 
 
 def _watch_resumed(e: ev.WatchResumed) -> str:
@@ -130,6 +145,7 @@ FORMATTERS: dict[type[ev.BaseEvent], Formatter] = {
     ev.Policy: lambda e: f"{e.model}: policy {e.policy} ({e.reason})",
     ev.PhaseEnd: _phase_end,
     ev.ReloadDone: _reload_done,
+    ev.EvalDone: _eval_done,
     ev.ReloadFailed: lambda e: _with_traceback(
         f"{e.model}: reload FAILED in {e.phase}: {e.error} - v{e.version} keeps serving",
         e.traceback,

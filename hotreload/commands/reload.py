@@ -11,6 +11,7 @@ import contextlib
 import json
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hotreload.client import AsyncClient
@@ -35,6 +36,24 @@ def format_outcome(o: dict[str, Any]) -> str:
     if o.get("traceback"):
         text += "\n" + o["traceback"].rstrip()
     return text
+
+
+def print_outcomes(
+    reply: dict[str, Any] | None,
+    code: int | None,
+    as_json: bool,
+    fmt: Callable[[dict[str, Any]], str],
+) -> int:
+    """A job's outcomes as `hotreload reload` and `rollback` print them; the exit code."""
+    if reply is None:
+        return code or EXIT_FAILURE
+    outcomes = reply.get("outcomes", [])
+    if as_json:
+        print(json.dumps(outcomes, indent=2))
+    else:
+        for o in outcomes:
+            print(fmt(o))
+    return EXIT_OK if outcomes and all(o["ok"] for o in outcomes) else EXIT_FAILURE
 
 
 class WaitNotes:
@@ -96,12 +115,4 @@ def reload_main(
     # No timeout: a reload takes as long as the model's load (its deadlines bound it).
     with WaitNotes(config, model):
         reply, code = call_session(config, lambda c: c.reload(model, force=force), timeout_s=None)
-    if reply is None:
-        return code or EXIT_FAILURE
-    outcomes = reply.get("outcomes", [])
-    if as_json:
-        print(json.dumps(outcomes, indent=2))
-    else:
-        for o in outcomes:
-            print(format_outcome(o))
-    return EXIT_OK if outcomes and all(o["ok"] for o in outcomes) else EXIT_FAILURE
+    return print_outcomes(reply, code, as_json, format_outcome)

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hotreload.commands.report_log import Log, Reload, read_log
+from hotreload.engine.eval_text import eval_text
+from hotreload.engine.golden_text import summary as golden_summary
 from hotreload.errors import HotreloadError
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, error_exit
 from hotreload.paths import write_private_file
@@ -194,6 +196,8 @@ def waterfall(reloads: list[Reload]) -> str:
     for i, r in enumerate(shown):
         y = i * row
         status = "unchanged" if r.unchanged else f"v{r.version} ok" if r.ok else "FAILED"
+        if r.rollback_of:  # a kept version served again: which one
+            status = f"rollback to v{r.rollback_of}: {status}"
         out.append(
             f'<text x="0" y="{y + 15}" class="label">{_hms(r.started)} {_esc(r.model)} '
             f"{status} {r.total_s * 1000:.0f} ms</text>"
@@ -325,6 +329,43 @@ def xid_table(xids: list[dict[str, Any]]) -> str:
     )
 
 
+def eval_table(evals: Sequence[dict[str, Any]]) -> str:
+    """Per version scored by the config's `eval`: its figures, or why it has none."""
+    rows = "".join(
+        f"<tr><td>{_hms(float(e['ts']))}</td><td>{_esc(e.get('model'))}</td>"
+        f"<td>v{_esc(e.get('version'))}</td><td>{_esc(eval_text(e))}</td></tr>"
+        for e in evals
+    )
+    if not rows:
+        return (
+            '<p class="none">no eval (set eval = "evals.py:score" in a model\'s section to '
+            "score each new version)</p>"
+        )
+    return f"<table><tr><th>time</th><th>model</th><th>version</th><th>eval</th></tr>{rows}</table>"
+
+
+def golden_table(reloads: Sequence[Reload]) -> str:
+    """Per reload that compared golden outputs: from, to, and what changed (the largest
+    absolute difference per output, top-1 flips, a generator's first differing token)."""
+    rows = "".join(
+        f"<tr><td>{_hms(r.started + r.total_s)}</td><td>{_esc(r.model)}</td>"
+        f"<td>v{_esc(r.golden.get('from'))} &rarr; v{_esc(r.golden.get('to'))}</td>"
+        f"<td>{'identical' if r.golden.get('identical') else 'changed'}</td>"
+        f"<td>{_esc(golden_summary(r.golden))}</td></tr>"
+        for r in reloads
+        if r.golden
+    )
+    if not rows:
+        return (
+            '<p class="none">no golden comparison (a reload compares the example and '
+            "the config's golden inputs with the version before)</p>"
+        )
+    return (
+        "<table><tr><th>time</th><th>model</th><th>versions</th><th>outputs</th>"
+        f"<th>what changed</th></tr>{rows}</table>"
+    )
+
+
 CSS = """
 body { font: 14px system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }
 h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
@@ -373,6 +414,8 @@ def session_html(log: Log, heading: str = "", anchor: str = "") -> str:
     level = "h3" if heading else "h2"
     return f"""{top}<p>{_esc(span)}: {_esc(_counts(log))}.</p>
 <{level}>Reload phases</{level}>{waterfall(log.reloads)}
+<{level}>Golden outputs</{level}>{golden_table(log.reloads)}
+<{level}>Evals</{level}>{eval_table(log.evals)}
 <{level}>Request latency (per second)</{level}>{latency}
 <{level}>Queue depth</{level}>{queue}
 <{level}>Memory after each reload</{level}>{memory_chart(log.memory, log.reloads)}

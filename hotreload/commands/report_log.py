@@ -12,6 +12,7 @@ from typing import Any
 
 from hotreload.engine.event_kinds import (
     BaseEvent,
+    EvalDone,
     PhaseEnd,
     ReloadDone,
     ReloadFailed,
@@ -36,6 +37,10 @@ class Reload:
     phases: list[tuple[str, float, float, bool]] = field(default_factory=list)
     #: Nothing was built: the code and weights were the serving version's.
     unchanged: bool = False
+    #: How its golden outputs differed from the version before (ReloadDone.golden).
+    golden: dict[str, Any] | None = None
+    #: A rollback: the kept version it served again (ReloadDone.rollback_of).
+    rollback_of: int | None = None
 
 
 @dataclass
@@ -51,6 +56,8 @@ class Log:
     #: One Log per session the files hold (each `session_started` opens one), oldest first;
     #: empty on a Log that is itself one session.
     sessions: list[Log] = field(default_factory=list)
+    #: Each version's eval (`eval_done`: model, version, figures or error, ts), in order.
+    evals: list[dict[str, Any]] = field(default_factory=list)
 
     def window(self, start: float, end: float, pid: int | None, times: Sequence[float] = ()) -> Log:
         """What happened in [start, end): one session of the files, on its own times.
@@ -63,10 +70,11 @@ class Log:
         memory = [m for m in self.memory if inside(float(m["ts"]))]
         xids = [x for x in self.xids if inside(float(x["ts"]))]
         reloads = [r for r in self.reloads if inside(r.started + r.total_s)]
+        evals = [e for e in self.evals if inside(float(e["ts"]))]
         seen = [start] + [t for t in times if inside(t)]
         seen += [float(x["ts"]) for x in (*stats, *memory, *xids)]
         last = min(max(seen + [r.started + r.total_s for r in reloads]), end)
-        return Log(reloads, stats, memory, xids, start, max(last, start), pid=pid)
+        return Log(reloads, stats, memory, xids, start, max(last, start), pid=pid, evals=evals)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -103,6 +111,8 @@ def read_log(state_dir: Path) -> Log:
             trigger=e.trigger or "",
             error=e.error,
             unchanged=bool(getattr(e, "unchanged", None)),
+            golden=getattr(e, "golden", None),
+            rollback_of=getattr(e, "rollback_of", None),
         )
         # Its phases: those of its model since the model's previous reload ended. A time
         # window alone took the previous reload's last phase (its digest, a ms earlier).
@@ -120,6 +130,7 @@ def read_log(state_dir: Path) -> Log:
         stats=[s for s in samples if s.get("kind") == "stats"],
         memory=[s for s in samples if s.get("kind") == "memory"],
         xids=[e for e in events if isinstance(typed(e), Xid)],
+        evals=[e for e in events if isinstance(typed(e), EvalDone)],
         start=min(times, default=0.0),
         end=max(times, default=0.0),
     )

@@ -7,6 +7,8 @@ import sys
 from typing import Any
 
 from hotreload.engine.cpus import format_cpus
+from hotreload.engine.eval_text import eval_text
+from hotreload.engine.golden_text import summary
 from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE
 from hotreload.session_call import call_session
 
@@ -51,6 +53,15 @@ def format_status(status: dict[str, Any]) -> str:
                 + (f" (the files' with {pushed} push(es) over them)" if pushed else "")
             )
         lines.extend(adapter_lines(m.get("adapters")))
+        golden = m.get("golden")
+        if golden:
+            lines.append(f"  golden v{golden['from']} -> v{golden['to']}: {summary(golden)}")
+        scored = m.get("eval")
+        if scored:
+            lines.append(f"  eval v{scored['version']}: {eval_text(scored)}")
+        if len(m.get("kept_versions") or []) > 1:
+            kept = ", ".join(f"v{v}" for v in m["kept_versions"])
+            lines.append(f"  kept for rollback: {kept}")
         waiting = m.get("waiting_for_version")
         if waiting:
             lines.append(f"  {waiting} request(s) waiting for a later version (min_version)")

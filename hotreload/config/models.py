@@ -17,6 +17,8 @@ from typing import Any
 from hotreload.config import adapters as adapters_mod
 from hotreload.config import weights as weights_mod
 from hotreload.config.checker import Checker, kind_of
+from hotreload.config.evals import EVAL_TIMEOUT_S, parse_eval
+from hotreload.config.golden import parse_golden
 from hotreload.config.shapes import parse_shapes
 from hotreload.config.text import parse_max_prompt_tokens, parse_text
 
@@ -154,6 +156,34 @@ class ModelConfig:
     strategy: str = "inplace"
     #: Let a reload change the output shape or dtype (smoke rejects it otherwise).
     allow_output_change: bool = False
+    #: Inputs every new version runs before it serves, beside the example, compared with
+    #: the version it replaces: `"model.py:golden"`, a callable returning a list of inputs
+    #: (prompts, for a generator). Unset: the example alone.
+    golden: EntryPoint | None = None
+    #: `"any"` (show what the golden outputs changed) or `"same"` (refuse a version whose
+    #: golden outputs change by more than `tolerance`: a refactor).
+    expect: str = "any"
+    #: The largest absolute difference of a golden output `expect = "same"` allows
+    #: (0: bit-equal).
+    tolerance: float = 0.0
+    #: How many good versions (code snapshot, weights, pushed weights) are kept for
+    #: `hotreload rollback`, the serving one included. Each holds a copy of its code and
+    #: of its pushes (on disk, once no serving version holds them); large weights files
+    #: are hard-linked, not copied.
+    keep_versions: int = 3
+    #: How many of the input shapes the model served lately (the newest distinct ones,
+    #: up to 16, seen in the last 10 minutes) each build's warm phase runs before the swap,
+    #: so no request after it pays their compile (torch.compile), CUDA graph capture,
+    #: cuDNN autotuning or allocator growth. On a CPU only a compiled model replays them;
+    #: 0 replays none. See docs/compiled.md.
+    replay_shapes: int = 16
+    #: Scores every new version (an edit, a push, a rollback) once it serves, off the
+    #: request path: `"evals.py:score"`, a callable given the model that returns a dict of
+    #: floats. Its figures go to the history, the dashboard, the report and `status`; an
+    #: eval that raises is shown, and the version serves on. Unset: no eval.
+    eval: EntryPoint | None = None
+    #: Seconds the eval may take; past them it is reported as timed out.
+    eval_timeout_s: float = EVAL_TIMEOUT_S
     #: While requests are being served, a build (load, warm-up, smoke) pauses after each
     #: step for this many times the step's duration (at most 50 ms a pause): the requests
     #: keep the CPU. 0: never pause.
@@ -216,6 +246,13 @@ MODEL_KEYS = (
     "policy",
     "strategy",
     "allow_output_change",
+    "golden",
+    "expect",
+    "tolerance",
+    "keep_versions",
+    "replay_shapes",
+    "eval",
+    "eval_timeout_s",
     "build_pace",
     "standby",
     "recycle",
@@ -385,6 +422,8 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
     )
 
     generator, tokenizer = parse_text(m, root)
+    golden, expect, tolerance = parse_golden(m, root, parse_entry)
+    eval_entry, eval_timeout_s = parse_eval(m, root, parse_entry)
     adapters = adapters_mod.parse_adapters(m, root)
     return ModelConfig(
         name=name,
@@ -407,6 +446,14 @@ def parse_model(table: Any, *, path: Path, key: str, root: Path) -> ModelConfig:
         policy=m.choice("policy", "auto", POLICIES),
         strategy=m.choice("strategy", "inplace", STRATEGIES),
         allow_output_change=m.get("allow_output_change", bool, False, "true or false"),
+        golden=golden,
+        expect=expect,
+        tolerance=tolerance,
+        keep_versions=m.integer("keep_versions", 3, minimum=1, maximum=100),
+        # At most what the router's log keeps (engine/served_shapes.py DEFAULT_LIMIT).
+        replay_shapes=m.integer("replay_shapes", 16, minimum=0, maximum=16),
+        eval=eval_entry,
+        eval_timeout_s=eval_timeout_s,
         build_pace=m.number("build_pace", 3.0, minimum=0.0, what="a factor (0 = never pause)")
         or 0.0,
         standby=m.get("standby", bool, True, "true or false"),

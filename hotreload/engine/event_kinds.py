@@ -348,6 +348,14 @@ class ReloadDone(ModelEvent):
     #: Nothing was built: the code and weights were the serving version's (this line says
     #: so: "unchanged: nothing to reload ..."; engine/model/unchanged.py).
     unchanged: str | None = None
+    #: torch.compile in the new version's warm phase: compiles, seconds, cache hits and
+    #: misses, recompile reasons (worker/compile_watch.py; None: an eager model).
+    compile: dict[str, Any] | None = None
+    #: How the new version's golden outputs differ from the old one's (engine/golden.py
+    #: `compare`: `identical`, per output `max_abs`, ...; None: nothing compared).
+    golden: dict[str, Any] | None = None
+    #: A rollback (trigger "rollback"): the kept version it served again.
+    rollback_of: int | None = None
 
 
 @event("reload_failed")
@@ -367,6 +375,18 @@ class ReloadFailed(ModelEvent):
     traceback: str | None = None
     #: The content digest of the weights that serve on.
     digest: str | None = None
+
+
+@event("eval_done")
+class EvalDone(ModelEvent):
+    """A version's eval (config `eval`; engine/model/evals.py): its figures, or why there are
+    none (it raised, returned something else, or ran past `eval_timeout_s`). Either way the
+    version serves on."""
+
+    version: int
+    figures: dict[str, float] | None = None
+    eval_s: float | None = None
+    error: str | None = None
 
 
 @event("weights_override")

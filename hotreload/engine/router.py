@@ -6,6 +6,13 @@ gate is what a reload closes: new requests wait in the queue (up to its bound an
 timeouts) while in-flight ones drain, and nothing is dropped. A reload that built the new
 version in another process hands over instead (`handover`): the gate stays open, new
 requests go to the new worker at once, and the old one finishes what it holds.
+
+A streamed text request (`stream`) is in flight from its send to its final frame, so a
+drain waits for it; the worker that started it sends all of it (one version). Its timeout
+bounds the wait for its first token; past a reload's drain deadline the reload ends it
+(`end_streams`), and a client gone stops it in the worker (`cancel`). A text request not
+streamed is stopped in the worker the same way (a CANCEL, at its next token) when its
+timeout passes or its client goes away (`submit_stoppable`).
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from hotreload.engine.request_limits import (
     request_bytes,
     request_problem,
 )
+from hotreload.engine.served_shapes import ServedShapes
 from hotreload.engine.stats import LatencyWindow, RequestCounters
 from hotreload.engine.text_stats import TextStats
+from hotreload.engine.text_stream import TextStream
 from hotreload.engine.worker_deaths import WorkerDeaths
 from hotreload.engine.worker_port import Worker, WorkerDied
 from hotreload.errors import (
@@ -37,6 +46,7 @@ from hotreload.errors import (
     WorkerUnavailableError,
 )
 from hotreload.protocol.framing import Frame
+from hotreload.protocol.messages import CANCELLED, PARTIAL, CancelRequest
 from hotreload.protocol.ops import WorkerOp
 
 #: A request whose worker died is sent once more to the restarted worker, then failed.
@@ -48,6 +58,10 @@ MAX_ATTEMPTS = 2
 HANDOVER_HOLD_S = 0.1
 #: Called exactly once per request with (reply frame, None) or (None, the error).
 Done = Callable[[Frame | None, BaseException | None], None]
+#: A streamed request's token frames (`PARTIAL`), each as it comes, before `Done`.
+OnPart = Callable[[Frame], None]
+#: How long a CANCEL may take to be answered (the worker's reader thread answers it).
+CANCEL_TIMEOUT_S = 10.0
 
 
 @dataclass(eq=False, slots=True)
@@ -71,6 +85,16 @@ class Request:
     #: The worker it was last sent to, and its place in that worker's line (send order).
     sent_to: Worker | None = None
     seq: int = 0
+    #: A streamed request: gets its token frames; `parts` counts them, `part_version` is
+    #: the version of the first (every later one must be the same).
+    on_part: OnPart | None = None
+    parts: int = 0
+    part_version: Any = None
+    #: The id the worker knows it by (a CANCEL names it), and the error it ends with once
+    #: cancelled (None: not cancelled).
+    wire_id: Any = None
+    ending: ClientError | None = None
+    cancel_sent: bool = False
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -97,6 +121,8 @@ class ModelRouter:
     text_stats: TextStats = field(default_factory=TextStats)
     #: What requests parked for a version may hold in all (`request_limits`).
     max_parked_bytes: int = MAX_PARKED_BYTES
+    #: The input signatures served lately: a new version's warm phase replays them.
+    served: ServedShapes = field(default_factory=ServedShapes)
 
     def __post_init__(self) -> None:
         self._queue: deque[Request] = deque()
@@ -122,6 +148,12 @@ class ModelRouter:
         self._sent = 0
         #: Which request each dead worker's death is put down to.
         self._deaths = WorkerDeaths()
+        #: CANCELs on their way (held: a task nobody holds may be collected mid-flight).
+        self._cancels: set[asyncio.Future[Any]] = set()
+        #: Each worker's last frame (a reply or a stream's token), on the monotonic clock:
+        #: its serving thread computes one request at a time, so a request waiting behind
+        #: a long stream is not hung while that stream's tokens keep coming.
+        self._progress: dict[Worker, float] = {}
 
     # ------------------------------------------------------------------ figures
 
@@ -148,11 +180,26 @@ class ModelRouter:
         return self._gate_open
 
     def oldest_inflight_age(self, now: float | None = None) -> float:
-        """Seconds the oldest request has been inside the worker (hung-forward detection)."""
+        """Seconds a worker has held a request without a frame coming back (hung-forward
+        detection): per worker, since its oldest request's send or its last frame,
+        whichever is later; the most of any worker. A worker's serving thread computes one
+        request at a time, so the ones behind a long stream wait without being hung."""
         if not self._inflight and not self._draining:
+            self._progress.clear()
             return 0.0
         now = now if now is not None else time.monotonic()
-        return now - min(r.sent_at for r in (*self._inflight, *self._draining))
+        oldest: dict[Worker | None, float] = {}
+        for r in (*self._inflight, *self._draining):
+            at = oldest.get(r.sent_to)
+            if at is None or r.sent_at < at:
+                oldest[r.sent_to] = r.sent_at
+        # Workers holding nothing now: their last frame says nothing of the next request.
+        for gone in [w for w in self._progress if w not in oldest]:
+            del self._progress[gone]
+        return max(
+            now - max(sent_at, self._progress.get(w, sent_at))  # type: ignore[arg-type]
+            for w, sent_at in oldest.items()
+        )
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -175,20 +222,39 @@ class ModelRouter:
     ) -> asyncio.Future[Frame]:
         """`submit` for callers that prefer to await a future."""
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-
-        def done(frame: Frame | None, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(frame)  # type: ignore[arg-type]
-
-        self.submit(header, payload, done)
+        # No stop built (a partial per request): the request path's callers never stop one.
+        self.submit(header, payload, functools.partial(_settle, fut))
         return fut
 
-    def submit(self, header: dict[str, Any], payload: bytes | memoryview, done: Done) -> None:
+    def submit_stoppable(
+        self, header: dict[str, Any], payload: bytes | memoryview = b""
+    ) -> tuple[asyncio.Future[Frame], Callable[[], None]]:
+        """`submit_future`, with the request's stop: for a caller whose client may go away
+        (a text request in flight is then stopped in the worker at its next token)."""
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        req = self.submit(header, payload, functools.partial(_settle, fut))
+        stop = functools.partial(self.cancel, req, None) if req is not None else _nothing
+        return fut, stop
+
+    def stream(self, header: dict[str, Any], payload: bytes | memoryview = b"") -> TextStream:
+        """A streamed `text` request (`header["text"]["stream"]` true): its frames as they
+        come (text_stream.py); closing it stops the request."""
+        out = TextStream()
+        req = self.submit(header, payload, out.done, on_part=out.part)
+        if req is not None:
+            out.stop = functools.partial(self.cancel, req, None)
+        return out
+
+    def submit(
+        self,
+        header: dict[str, Any],
+        payload: bytes | memoryview,
+        done: Done,
+        on_part: OnPart | None = None,
+    ) -> Request | None:
         """Queue one infer request; `done` gets the worker's reply frame or the error.
+        `on_part`: a streamed request's token frames, before `done`. Returns the request
+        (None: refused at once, `done` was told why).
 
         Callbacks, not futures, all the way from the client socket to the worker and back:
         a reply is written to the client in the loop turn it arrives in.
@@ -200,12 +266,13 @@ class ModelRouter:
         if problem:
             self.counters.bad_request += 1
             done(None, BadRequestError(f"model {self.name!r}: {problem}"))
-            return
+            return None
+        self.served.note(metas)
         parameters = header.get("parameters")
         if self.unavailable_reason is not None:
             self.counters.fail("unavailable")
             done(None, WorkerUnavailableError(self.unavailable_reason))
-            return
+            return None
         if len(self._queue) >= self.max_queue_size:
             self.counters.rejected += 1
             done(
@@ -215,7 +282,7 @@ class ModelRouter:
                     f"limit {self.max_queue_size}); retry later or raise max_queue_size"
                 ),
             )
-            return
+            return None
         timeout = header.get("timeout_s")
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
             timeout = self.request_timeout_s
@@ -225,6 +292,7 @@ class ModelRouter:
         now = loop.time()
         req = Request(metas, payload, done, now, now + timeout, parameters=parameters or None)
         req.text = text
+        req.on_part = on_part
         req.timer = loop.call_at(req.deadline, self._expire, req, timeout)
         min_version = header.get("min_version")
         if isinstance(min_version, int) and min_version > self.version:
@@ -244,13 +312,14 @@ class ModelRouter:
                         f"v{min_version} serves (wait_version), or raise max_queue_size"
                     ),
                 )
-                return
+                return None
             req.min_version = min_version
             self._parked.add(min_version, request_bytes(payload, parameters), req)
-            return
+            return req
         self._queue.append(req)
         self._peak_depth = max(self._peak_depth, len(self._queue))
         self.pump()
+        return req
 
     def _expire(self, req: Request, timeout: float) -> None:
         if req.finished:
@@ -273,6 +342,11 @@ class ModelRouter:
                 self._queue.remove(req)
             except ValueError:
                 pass
+        elif req.text is not None:
+            # A text request decodes token by token, for as long as its max_tokens (a chat
+            # without one: the rest of the context): stopped at its next token, so the
+            # serving thread (and a reload's drain) does not wait on an answer nobody reads.
+            self._send_cancel(req)
         where = "inside the worker" if inside else "in the queue"
         req.finish(
             None,
@@ -314,8 +388,21 @@ class ModelRouter:
             if not worker.submit(header, blobs, on_reply):
                 on_reply(None, WorkerDied(worker.exit_reason or "worker is not running"))
                 return
+            if req.text is not None:
+                req.wire_id = header.get("id")  # what a CANCEL names
 
     def _on_reply(self, req: Request, frame: Frame | None, error: BaseException | None) -> None:
+        now = time.monotonic()
+        if frame is not None:
+            # The worker answered: its serving thread moves (oldest_inflight_age).
+            self._progress[req.sent_to] = now  # type: ignore[index]
+        if req.on_part is not None and frame is not None:
+            if frame.header.get(PARTIAL):
+                self._on_part(req, frame, now)
+                return
+            ok = frame.header.get("ok")
+            if ok and req.parts and frame.header.get("version") != req.part_version:
+                req.finish(None, self._mixed(req, frame))
         # Decided while `req` is still held: the oldest its dead worker held is the one it
         # was computing, even when that one's client gave up on it already (a timeout).
         culprit = isinstance(error, WorkerDied) and self._deaths.computing_when_died(
@@ -334,8 +421,8 @@ class ModelRouter:
         elif not req.finished and frame is not None:
             if frame.header.get("ok"):
                 self.counters.ok += 1
-                now = time.monotonic()
-                self.latency.add((now - req.enqueued_at) * 1000, now)
+                if not req.parts:  # a stream's went in at its first token (`_on_part`)
+                    self.latency.add((now - req.enqueued_at) * 1000, now)
                 if req.text is not None:
                     self.text_stats.add(frame.header, now)
                 req.finish(frame, None)
@@ -348,22 +435,148 @@ class ModelRouter:
                 elif err.get("code") == "bad_request":
                     # Found by the worker (a parameter the model does not take).
                     self.counters.bad_request += 1
-                    req.finish(None, BadRequestError(message))
+                    bad = BadRequestError(message)
+                    # The request field at fault, when the worker names one (OpenAI's
+                    # error object carries it: http/replies.py).
+                    bad.param = err.get("param")  # type: ignore[attr-defined]
+                    req.finish(None, bad)
                 elif err.get("code") == "timeout":
                     # The worker's clock passed the deadline a moment before our timer.
                     self.counters.timed_out += 1
                     req.finish(None, RequestTimeoutError(message))
+                elif err.get("code") == CANCELLED:
+                    # Stopped by `cancel`: a reload's end counts as unavailable; a client
+                    # gone is nobody's failure.
+                    ending = req.ending or WorkerUnavailableError(message)
+                    if isinstance(ending, WorkerUnavailableError):
+                        self.counters.fail("unavailable")
+                    req.finish(None, ending)
                 else:
                     self.counters.fail("model_error")
                     req.finish(None, ModelError(message, err.get("traceback")))
         self.pump()
+
+    def _on_part(self, req: Request, frame: Frame, now: float) -> None:
+        """A streamed request's token frame: handed on, unless its client is gone (its
+        CANCEL is on the way). The first lifts its timeout (which bounds the wait for the
+        first token); each counts as progress for the hung-forward watchdog."""
+        if req.finished:
+            return
+        version = frame.header.get("version")
+        if req.parts == 0:
+            req.part_version = version
+            if req.timer is not None:
+                req.timer.cancel()
+                req.timer = None
+            # Its latency is its time to first token: a stream's length is its client's
+            # max_tokens, not the model's speed (the p99 would be the longest answer's).
+            self.latency.add((now - req.enqueued_at) * 1000, now)
+        elif version != req.part_version:
+            self.cancel(req, self._mixed(req, frame))
+            return
+        req.parts += 1
+        # A stream's forward is each token: its age counts from its last one.
+        req.sent_at = now
+        if req.on_part is not None:
+            req.on_part(frame)
+
+    def _mixed(self, req: Request, frame: Frame) -> ModelError:
+        """A stream whose frames name two versions ends: a client never reads a mixed
+        answer. (The worker's one serving thread decodes a stream whole: not expected.)"""
+        self.counters.fail("model_error")
+        return ModelError(
+            f"model {self.name!r}: stream ended: v{req.part_version} wrote its start and "
+            f"v{frame.header.get('version')} sent more; retry"
+        )
+
+    def cancel(self, req: Request, error: ClientError | None = None) -> None:
+        """Stop `req`: queued or parked, it is dropped and answered `error` now; a stream
+        in its worker is stopped there at its next token and answered `error` when the
+        worker says it stopped (it stays in flight until then: a drain waits for it), and
+        so is a text request not streamed. `error` None: its client went away (nothing to
+        count, nobody to tell)."""
+        if req.finished:
+            return
+        req.ending = error or ClientError(f"model {self.name!r}: the client went away")
+        if req in self._parked:
+            self._parked.remove(req)
+            req.finish(None, req.ending)
+            return
+        if req in self._inflight or req in self._draining:
+            if req.text is not None:
+                self._send_cancel(req)
+            else:
+                req.finish(None, req.ending)
+            return
+        try:
+            self._queue.remove(req)
+        except ValueError:
+            pass
+        req.finish(None, req.ending)
+
+    def _send_cancel(self, req: Request) -> None:
+        worker = req.sent_to
+        if req.cancel_sent or req.wire_id is None or worker is None or not worker.alive:
+            return  # a worker gone fails it anyway (WorkerDied)
+        req.cancel_sent = True
+        task = asyncio.ensure_future(worker.cancel(CancelRequest(req.wire_id), CANCEL_TIMEOUT_S))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancel_done)
+
+    def _cancel_done(self, task: asyncio.Future[Any]) -> None:
+        self._cancels.discard(task)
+        if not task.cancelled():
+            task.exception()  # read: a worker that died meanwhile fails the stream itself
+
+    def end_streams(
+        self,
+        version: int,
+        drain_s: float,
+        *,
+        worker: Worker | None = None,
+        sent_up_to: int | None = None,
+        why: str | None = None,
+    ) -> int:
+        """A reload to `version` past its drain deadline: cancel the streams in flight (on
+        `worker`; sent at or before send number `sent_up_to`, the ones ahead of an in-band
+        swap), each answered with an error naming the reload (`why`: naming what else
+        ends them, an unload or a shutdown). How many were cancelled."""
+        what, whose = (why, "the") if why else (f"model reloading to v{version}", "the reload's")
+        error = WorkerUnavailableError(
+            f"model {self.name!r}: stream ended: {what} (the stream ran past {whose} "
+            f"{drain_s:g} s drain deadline, deadlines.drain_s); retry"
+        )
+        ended = [
+            r
+            for r in (*self._inflight, *self._draining)
+            if r.on_part is not None
+            and not r.finished
+            and (worker is None or r.sent_to is worker)
+            and (sent_up_to is None or r.seq <= sent_up_to)
+        ]
+        for req in ended:
+            self.cancel(req, error)
+        return len(ended)
+
+    @property
+    def sent(self) -> int:
+        """Requests sent to a worker so far: the send number of the last one."""
+        return self._sent
 
     def hung_on(self, worker: Worker, forward_s: float) -> None:
         """`worker` is about to be killed as wedged: when the oldest request it holds ran
         past `forward_s`, that one is told it hung (a 504) and the others it held are
         retried on the restarted worker (worker_deaths.py)."""
         held = (*self._inflight, *self._draining)
-        self._deaths.hung_on(worker, held, forward_s, time.monotonic())
+        now = time.monotonic()
+        mine = [r for r in held if r.sent_to is worker]
+        oldest = min(mine, key=lambda r: r.seq, default=None)
+        if oldest is not None:
+            # Its forward started at the worker's last frame when that came later than its
+            # send (it waited behind another request): judged from there, as the watchdog
+            # judges it, by moving the clock back by that wait.
+            now -= max(self._progress.get(worker, 0.0) - oldest.sent_at, 0.0)
+        self._deaths.hung_on(worker, held, forward_s, now)
 
     def _on_worker_failure(self, req: Request, exc: BaseException, culprit: bool) -> None:
         if req.finished:
@@ -375,6 +588,23 @@ class ModelRouter:
             else:
                 self.counters.fail("unavailable")
             req.finish(None, verdict)
+            return
+        if req.ending is not None:  # cancelled: not sent again
+            if isinstance(req.ending, WorkerUnavailableError):
+                self.counters.fail("unavailable")
+            req.finish(None, req.ending)
+            return
+        if req.parts:
+            # A stream part-sent: sent again it would start over (or on another version)
+            # after what its client has read.
+            self.counters.fail("unavailable")
+            req.finish(
+                None,
+                WorkerUnavailableError(
+                    f"model {self.name!r}: stream ended: its worker failed after "
+                    f"{req.parts} chunk(s) ({self._deaths.reason(req, exc)}); retry"
+                ),
+            )
             return
         if isinstance(exc, WorkerDied) and req.attempts < MAX_ATTEMPTS and not req.expired:
             # Retry once on the restarted worker, ahead of newer requests.
@@ -489,3 +719,17 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _settle(fut: asyncio.Future[Frame], frame: Frame | None, error: BaseException | None) -> None:
+    """A request's `Done` for a caller awaiting `fut`."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(frame)  # type: ignore[arg-type]
+
+
+def _nothing() -> None:
+    """The stop of a request refused at once (its error is given already)."""

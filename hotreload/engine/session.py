@@ -100,6 +100,9 @@ class Session:
                 "status": self._op_status,
                 "ping": self._op_ping,
                 "reload": self._op_reload,
+                "rollback": self._op_rollback,
+                "save": self._op_save,
+                "evals": self._op_evals,
                 "wait_version": self._op_wait_version,
             },
             config.max_frame_bytes,
@@ -390,6 +393,47 @@ class Session:
         else:
             outcomes = [await self.reload_model(name, trigger=trigger, force=force)]
         return {"ok": True, "outcomes": [o.as_dict() for o in outcomes]}, []
+
+    async def _op_rollback(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """`hotreload rollback`, the dashboard's key: a kept version served again as the
+        next version (engine/model/rollback.py); `version` None: the one before."""
+        version = header.get("version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            raise BadRequestError(
+                f"'version' must be a version number (1, 2, ...), got {version!r}"
+            )
+        outcome = await self.model(header.get("model")).rollback(version)
+        return {"ok": True, "outcomes": [outcome.as_dict()]}, []
+
+    async def _op_save(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """`hotreload save`: the serving weights into `folder` (an absolute path)."""
+        folder = header.get("folder")
+        if not isinstance(folder, str) or not Path(folder).is_absolute():
+            raise BadRequestError(f"'folder' must be an absolute path, got {folder!r}")
+        force = header.get("force", False)
+        if not isinstance(force, bool):
+            raise BadRequestError(f"'force' must be true or false, got {force!r}")
+        saved = await self.model(header.get("model")).save(Path(folder), force=force)
+        return {"ok": True, "saved": saved}, []
+
+    async def _op_evals(
+        self, header: dict[str, Any], payload: memoryview | bytes
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """The eval results of a model's versions from `since` on (engine/model/evals.py),
+        oldest first, from its history: no worker is asked. `configured`: it has an eval."""
+        since = header.get("since", 0)
+        if not isinstance(since, int) or isinstance(since, bool):
+            raise BadRequestError(f"'since' must be a version number, got {since!r}")
+        host = self.model(header.get("model"))
+        found = {o.eval["version"]: o.eval for o in host.history if o.eval}
+        if host.current is not None and host.current.eval:  # a start's has no history row
+            found.setdefault(host.current.eval["version"], host.current.eval)
+        evals = [found[v] for v in sorted(found) if v >= since]
+        return {"ok": True, "configured": host.model.eval is not None, "evals": evals}, []
 
     async def _op_update_weights(
         self, header: dict[str, Any], payload: memoryview | bytes, peer_pid: int | None

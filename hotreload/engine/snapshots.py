@@ -103,6 +103,10 @@ def code_paths(
         "weights": [str(m(p)) for p in model.weights],
         "watch": [str(m(p)) for p in model.watch],
     }
+    if model.golden is not None:  # in the model's code: the same copy as the example
+        out["golden"] = entry(model.golden)
+    if model.eval is not None:  # the same: a rollback scores with the kept version's eval
+        out["eval"] = entry(model.eval)
     if model.adapters:  # peft adapter folders: their copies hold the last good files
         out["adapters"] = [{**a.to_wire(), "folder": str(m(a.folder))} for a in model.adapters]
     if sources is not None:

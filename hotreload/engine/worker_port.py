@@ -4,7 +4,8 @@ Each control op of protocol/messages.py (`OPS`) is a method here taking its requ
 dataclass and returning its reply dataclass; an error reply raises `WorkerReplyError`, a
 worker that went away `WorkerDied`, a reply past `timeout_s` `TimeoutError`. The request
 path (INFER, TEXT) is `submit`: a plain header and its tensors, answered by a callback in
-the loop turn the reply arrives in (the router's speed depends on it).
+the loop turn the reply arrives in (the router's speed depends on it); a streamed TEXT
+request's callback gets each of its frames, and `cancel` stops it at its next token.
 
 A `Worker` owns its process's whole life: `start` spawns it, `end` is the one place it is
 stopped (asked to exit within a grace period) or killed (no grace: a forward stuck in a
@@ -25,9 +26,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hotreload.errors import HotreloadError
 from hotreload.protocol.messages import (
+    CancelRequest,
     DigestReply,
     DigestRequest,
     Done,
+    EvalReply,
+    EvalRequest,
     FreedReply,
     LoadReply,
     LoadRequest,
@@ -39,6 +43,8 @@ from hotreload.protocol.messages import (
     RestoreReply,
     RestoreRequest,
     RetireRequest,
+    SaveReply,
+    SaveRequest,
     SmokeReply,
     SmokeRequest,
     StatusReply,
@@ -126,7 +132,9 @@ class Worker(abc.ABC):
         waiter: asyncio.Future[Frame] | ReplyCallback,
     ) -> bool:
         """A request-path op (INFER, TEXT): `waiter` gets the reply. False (nothing sent)
-        when the worker is gone."""
+        when the worker is gone. Sets `header["id"]`, the id a CANCEL names. A streamed
+        TEXT request's callback gets every frame: the `PARTIAL` ones (protocol/messages.py),
+        then the final reply or the error, once."""
 
     def memory_limit(self) -> CgroupMemory | None:
         """The cgroup memory limit it runs under (None: none, or not known)."""
@@ -175,5 +183,14 @@ class Worker(abc.ABC):
     ) -> DigestReply:
         return await self.call(request, timeout_s)
 
+    async def save(self, request: SaveRequest, timeout_s: float | None = None) -> SaveReply:
+        return await self.call(request, timeout_s)
+
+    async def eval(self, request: EvalRequest, timeout_s: float | None = None) -> EvalReply:
+        return await self.call(request, timeout_s)
+
     async def ping(self, request: PingRequest, timeout_s: float | None = None) -> Done:
+        return await self.call(request, timeout_s)
+
+    async def cancel(self, request: CancelRequest, timeout_s: float | None = None) -> Done:
         return await self.call(request, timeout_s)

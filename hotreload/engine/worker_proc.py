@@ -3,7 +3,9 @@
 The worker is a fresh interpreter (`python -m hotreload.worker`, fork+exec, so nothing of
 this process's state, CUDA included, is inherited). The control channel is one end of a
 socketpair passed as an inherited descriptor: no path to guess, no other process can
-connect. Requests are multiplexed by id, so infer and control traffic share the channel.
+connect. Requests are multiplexed by id, so infer and control traffic share the channel;
+a streamed text request is answered by several frames with its id (`PARTIAL`, then the
+final one).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from hotreload.engine.worker_port import (
 from hotreload.errors import ProtocolError
 from hotreload.protocol.frame_protocol import FrameProtocol
 from hotreload.protocol.framing import SPILLED_HEADER, Frame, pack_frame, unspill
-from hotreload.protocol.messages import Request, ShutdownRequest
+from hotreload.protocol.messages import PARTIAL, Request, ShutdownRequest
 from hotreload.worker.launch import FD_ENV, SPEC_ENV
 
 #: How often a worker's RSS and the machine's OOM-kill count are read, so a kill by the
@@ -74,6 +76,11 @@ def worker_spec(
         ),
         "env": dict(model.env),
         "allow_output_change": model.allow_output_change,
+        # The smoke test runs them (worker/golden_run.py): prompts, for a generator.
+        "golden": model.golden.to_wire() if model.golden else None,
+        # Each new version is scored with it once it serves (worker/eval_run.py).
+        "eval": model.eval.to_wire() if model.eval else None,
+        "generator": model.generator,
         "build_pace": model.build_pace,
         # respawn: weights read from the files go into a block the next worker can map.
         "shared_weights": model.strategy == "respawn",
@@ -85,6 +92,9 @@ def worker_spec(
         "max_prompt_tokens": model.max_prompt_tokens,
         "adapters": [a.to_wire() for a in model.adapters],
         "default_adapter": model.default_adapter,
+        # torch.compile's caches (worker/compile_watch.py): kept with the session's state,
+        # so a new worker, a restart or a reverted edit loads the compiled code again.
+        "compile_cache": str(config.state_dir / "compile-cache" / model.name),
     }
     spec.update(code or {})
     return spec
@@ -249,6 +259,12 @@ class WorkerProcess(Worker):
         if rid == 0 and self._hello is not None and not self._hello.done():
             self._hello.set_result(frame)
             return
+        if frame.header.get(PARTIAL):
+            # A streamed request's token: its callback stays for the frames that follow.
+            waiter = self._pending.get(rid)  # type: ignore[arg-type]
+            if waiter is not None and not isinstance(waiter, asyncio.Future):
+                waiter(frame, None)
+            return
         waiter = self._pending.pop(rid, None)  # type: ignore[arg-type]
         if isinstance(waiter, asyncio.Future):
             if not waiter.done():
@@ -354,8 +370,11 @@ class WorkerProcess(Worker):
         )
         if not frame.header.get("ok"):
             raise WorkerReplyError(frame.header.get("error", {}))
+        header = frame.header
+        if len(frame.payload):  # bytes beside the header (SmokeReply.payload: golden outputs)
+            header = {**header, "payload": frame.payload}
         try:
-            return request.reply.from_wire(frame.header)  # type: ignore[return-value]
+            return request.reply.from_wire(header)  # type: ignore[return-value]
         except ProtocolError as exc:  # a worker of another shape: its op failed, said why
             raise WorkerReplyError({"code": "protocol_error", "message": str(exc)}) from exc
 

@@ -2,7 +2,9 @@
 
 - A request aiohttp cannot parse (a bad request line, a bad header) gets a JSON 400, as
   every other error does, and no traceback in the log: aiohttp logs one per request at
-  error level and answers in text, so a fuzzer filled the log and confused clients.
+  error level and answers in text, so a fuzzer filled the log and confused clients. Its
+  body has the shape of its path's other errors (OpenAI's error object on `/v1/...`), the
+  path read off the request line when there is one.
 - aiohttp's own 404/405/413 become JSON, and a 405 keeps the `Allow` header RFC 9110
   requires of it.
 - A chunked body that declares more than the body limit is refused at once
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +22,19 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
 from hotreload.http.chunk_limit import ChunkLimitParser
+from hotreload.http.replies import error_body
+
+#: A request line (`POST /v1/completions HTTP/1.1`): its path, for a request that failed
+#: to parse later on (a bad header), whose error must take the shape of its route's.
+_REQUEST_LINE = re.compile(rb"(?:^|\r?\n)[A-Z]{1,20} (/[^\s?#]*)[^\s]* HTTP/\d\.\d\r?\n")
+#: How much of what a connection received last is kept to find that line in.
+_KEPT_BYTES = 8192
+
+
+def parse_error_path(received: bytes) -> str:
+    """The path of the last request line in `received` ("/" when none parses)."""
+    found = _REQUEST_LINE.findall(received)
+    return found[-1].decode("latin-1") if found else "/"
 
 
 def _json(doc: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> web.Response:
@@ -40,15 +56,23 @@ def http_exception_response(request: web.Request, exc: web.HTTPException) -> web
         allow = exc.headers.get("Allow", "")
         text = f"{request.method} is not allowed on {request.path}; allowed: {allow or 'none'}"
         headers["Allow"] = allow
-    return _json({"error": text}, exc.status, headers)
+    return _json(error_body(request.path, exc.status, text), exc.status, headers)
 
 
 class _JsonErrorHandler(RequestHandler):
     def __init__(self, manager: Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
+        #: The tail of what this connection received (see `data_received`).
+        self._received = b""
         limit = getattr(manager, "max_body_bytes", None)
         if limit:
             self._parser = ChunkLimitParser(self._parser, limit, self._close_after_response)
+
+    def data_received(self, data: bytes) -> None:
+        # Kept before parsing: a request that fails to parse names no path to aiohttp.
+        # Only a tail is copied: a large body's chunks cost no more than _KEPT_BYTES each.
+        self._received = (self._received + bytes(data[-_KEPT_BYTES:]))[-_KEPT_BYTES:]
+        super().data_received(data)
 
     def _close_after_response(self) -> None:
         # A body refused for its declared size is not read on: aiohttp would read the rest
@@ -68,7 +92,9 @@ class _JsonErrorHandler(RequestHandler):
         self.logger.debug("malformed HTTP request from %s: %s", request.remote, exc)
         if request.writer.output_size > 0:
             raise ConnectionError("a response was sent already: the connection is broken")
-        resp = _json({"error": f"malformed HTTP request: {message or exc or 'bad request'}"}, 400)
+        path = parse_error_path(self._received)
+        text = f"malformed HTTP request: {message or exc or 'bad request'}"
+        resp = _json(error_body(path, 400, text), 400)
         resp.force_close()
         return resp
 

@@ -260,6 +260,17 @@ class _SessionCollector:
         restarts = CounterMetricFamily(
             "hotreload_worker_restarts", "Workers restarted after dying or wedging", labels=m
         )
+        compile_s = GaugeMetricFamily(
+            "hotreload_model_compile_seconds",
+            "torch.compile time in the serving version's warm phase (compiled models)",
+            labels=m,
+        )
+        serving_compiles = GaugeMetricFamily(
+            "hotreload_serving_compiles",
+            "Requests whose forward compiled (torch.compile) in the serving worker, as of "
+            "its last status read",
+            labels=m,
+        )
         tv = ["model", "version"]
         nv_pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
@@ -313,6 +324,12 @@ class _SessionCollector:
                 warm.add_metric([name], view.warm_s)
                 nv_load.add_metric([name, v], view.load_s + view.warm_s)
             restarts.add_metric([name], view.restarts)
+            figures = host.view.compile if view.has_version else None
+            if figures:
+                compile_s.add_metric([name], float(figures.get("seconds", 0.0)))
+            ws = getattr(host, "last_worker_status", None)
+            if ws is not None:
+                serving_compiles.add_metric([name], ws.serving_compiles)
             nv_pending.add_metric([name, v], view.queue_depth)
             nv_success.add_metric([name, v], c["ok"])
             nv_failure.add_metric([name, v, "REJECTED"], c["rejected"] + c["timed_out"])
@@ -320,7 +337,7 @@ class _SessionCollector:
             nv_failure.add_metric([name, v, "OTHER"], bad)
             nv_queue.add_metric([name, v], self.metrics.queue_us_total.get(name, 0.0))
         yield from (depth, limit, inflight, requests, retried, version, state, ready)
-        yield from (load, warm, restarts)
+        yield from (load, warm, restarts, compile_s, serving_compiles)
         yield from _gpu_families(getattr(session, "gpu_snapshot", None))
         yield from (nv_pending, nv_success, nv_failure, nv_queue, nv_load)
 

@@ -42,7 +42,7 @@ from hotreload.http.kserve import (
 )
 from hotreload.http.metrics import SessionMetrics, model_ready
 from hotreload.http.openai_routes import TextRoutes
-from hotreload.http.replies import HttpError, client_error, json_response
+from hotreload.http.replies import HttpError, client_error, error_body, json_response
 from hotreload.paths import ensure_http_token, http_token_path
 
 if TYPE_CHECKING:
@@ -63,12 +63,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error is `{"error": "..."}`: ours, aiohttp's (404, 405, 413) and bugs alike."""
+    """Every error is JSON (`replies.error_body`: OpenAI's error object on the OpenAI-style
+    routes, `{"error": "..."}` on KServe's): ours, aiohttp's (404, 405, 413) and bugs alike."""
     try:
         return await handler(request)
     except HttpError as exc:
+        extra = without_details(request, exc.extra)
         resp = json_response(
-            {"error": exc.message, **without_details(request, exc.extra)}, exc.status
+            error_body(request.path, exc.status, exc.message, exc.param, exc.code, **extra),
+            exc.status,
         )
         if exc.close:
             resp.force_close()
@@ -83,7 +86,7 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
             f"internal error: {type(exc).__name__}: {exc}; this is a bug in hotreload, "
             "the server keeps serving: please report it with the request that caused it"
         )
-        return json_response({"error": message}, 500)
+        return json_response(error_body(request.path, 500, message), 500)
 
 
 class KServeApp:

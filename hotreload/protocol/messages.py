@@ -10,7 +10,8 @@ Fields a class does not declare are ignored (a newer peer).
 `OPS` pairs each op with its request and reply: the port (engine/worker_port.py) has one
 method per entry, and the scripted fake worker of the tests builds the same classes. The
 request path (INFER, TEXT: tensors and text, answered by callback in the router's loop
-turn) stays plain headers; its speed is the point of it.
+turn) stays plain headers; its speed is the point of it. A streamed `text` request is
+answered by several frames with its id: `PARTIAL` ones, then the final reply.
 """
 
 from __future__ import annotations
@@ -164,6 +165,12 @@ class WarmReply(Reply):
     warm_s: float
     passes_ms: list[float] = field(default_factory=list)
     paused_s: float = 0.0
+    #: The served signatures (WarmRequest.shapes) run, and those that failed (why).
+    replayed: int = 0
+    replay_failed: list[str] = field(default_factory=list)
+    #: What torch.compile did during the warm phase (worker/compile_watch.py): compiles,
+    #: seconds, cache hits and misses, recompile reasons; None for a model it never ran in.
+    compile: dict[str, Any] | None = None
 
 
 @dataclass
@@ -176,6 +183,17 @@ class SmokeReply(Reply):
     paused_s: float = 0.0
     #: LoadReply.imports once warm-up and smoke ran `forward` (a module it imports lazily).
     imports: list[str] = field(default_factory=list)
+    #: The version's answers to the golden inputs (engine/golden.py has the form).
+    golden: dict[str, Any] | None = None
+    #: Their raw bytes: the frame's payload, never the header (no base64, no JSON). The
+    #: engine's port puts a reply's payload here; the worker sends `golden_run.run`'s pieces.
+    payload: Any = field(default=None, repr=False, compare=False)
+
+    def wire(self) -> dict[str, Any]:
+        """The header's fields: `payload` travels beside them, as bytes."""
+        out = dataclasses.asdict(dataclasses.replace(self, payload=None))
+        del out["payload"]
+        return out
 
 
 @dataclass
@@ -229,6 +247,9 @@ class StatusReply(Reply):
     served: int = 0
     failed: int = 0
     skipped: int = 0
+    #: Text requests stopped by a CANCEL (a client gone, a deadline passed, a reload past
+    #: its drain).
+    cancelled: int = 0
     version: int | None = None
     #: The serving version's description (its weights, code and adapters).
     current: dict[str, Any] | None = None
@@ -243,6 +264,8 @@ class StatusReply(Reply):
     #: CUDA: the device's free and total bytes, and the caching allocator's figures.
     device_memory: dict[str, int] | None = None
     allocator: dict[str, int] | None = None
+    #: Requests whose forward made torch.compile compile (on the serving path).
+    serving_compiles: int = 0
 
 
 @dataclass
@@ -307,6 +330,12 @@ class WarmRequest(Request[WarmReply]):
     #: Passes (None: the model's warmup_iters).
     iters: int | None = None
     serving_elsewhere: bool = False
+    #: Input signatures the model served lately (engine/served_shapes.py), each a list of
+    #: {name, dtype, shape}: run once each after the example, so no request pays a compile.
+    shapes: list[Any] = field(default_factory=list)
+    #: Seconds the warm phase may run before the rest of `shapes` is left out (a replay
+    #: never fails a build by its deadline); None: no limit.
+    replay_budget_s: float | None = None
 
 
 @dataclass
@@ -379,9 +408,65 @@ class DigestRequest(Request[DigestReply]):
 
 
 @dataclass
+class SaveReply(Reply):
+    """What `hotreload save` wrote (worker/save_weights.py)."""
+
+    op: ClassVar[WorkerOp] = WorkerOp.SAVE
+    #: The files written, in the folder asked for.
+    files: list[str] = field(default_factory=list)
+    tensors: int = 0
+    bytes: int = 0
+    #: Written by the model's own `save_pretrained` (a Hugging Face model).
+    pretrained: bool = False
+
+
+@dataclass
+class SaveRequest(Request[SaveReply]):
+    """Write the serving version's weights into `folder` (absolute): safetensors under the
+    model's own names, or its `save_pretrained` folder; `digest` and `model` go with them."""
+
+    op: ClassVar[WorkerOp] = WorkerOp.SAVE
+    reply: ClassVar[type[Reply]] = SaveReply
+    folder: str
+    model: str = ""
+    digest: str | None = None
+
+
+@dataclass
+class EvalReply(Reply):
+    """The serving version's eval figures (worker/eval_run.py)."""
+
+    op: ClassVar[WorkerOp] = WorkerOp.EVAL
+    version: int
+    figures: dict[str, float] = field(default_factory=dict)
+    eval_s: float = 0.0
+
+
+@dataclass
+class EvalRequest(Request[EvalReply]):
+    """Score the serving version `version` with the config's `eval` (refused when another
+    version serves by then: its own eval follows)."""
+
+    op: ClassVar[WorkerOp] = WorkerOp.EVAL
+    reply: ClassVar[type[Reply]] = EvalReply
+    version: int
+
+
+@dataclass
 class PingRequest(Request[Done]):
     op: ClassVar[WorkerOp] = WorkerOp.PING
     reply: ClassVar[type[Reply]] = Done
+
+
+@dataclass
+class CancelRequest(Request[Done]):
+    """Stop the `text` request `target` (the id it was sent with; streamed or not) at its
+    next token; it then answers `{"ok": false, "error": {"code": "cancelled"}}`. Answered at
+    once, whether or not that request still runs (one that ended already is left alone)."""
+
+    op: ClassVar[WorkerOp] = WorkerOp.CANCEL
+    reply: ClassVar[type[Reply]] = Done
+    target: int
 
 
 @dataclass
@@ -405,9 +490,17 @@ OPS: dict[WorkerOp, type[Request[Any]]] = {
         SyncRequest,
         StatusRequest,
         DigestRequest,
+        SaveRequest,
+        EvalRequest,
         PingRequest,
+        CancelRequest,
         ShutdownRequest,
     )
 }
 #: The request path's ops: plain headers with tensors or text, answered by callback.
 REQUEST_PATH_OPS = frozenset({WorkerOp.INFER, WorkerOp.TEXT})
+#: Set (true) in a request-path reply that more replies to the same id follow: a streamed
+#: `text` request's tokens, each with its version and digest, before the final reply.
+PARTIAL = "partial"
+#: The error code of a streamed request stopped by a CANCEL.
+CANCELLED = "cancelled"

@@ -41,6 +41,11 @@ class WorkerOp(StrEnum):
     STATUS = "status"
     #: The serving version's weights digest, once its background hashing is done.
     DIGEST = "digest"
+    #: Write the serving version's weights to a folder as safetensors (`hotreload save`).
+    SAVE = "save"
+    #: Score the serving version with the config's `eval` (a dict of floats), on a thread
+    #: of its own: never on the request path, and a slow eval holds up no build.
+    EVAL = "eval"
     #: Liveness: answered at once by the control thread.
     PING = "ping"
     #: Exit.
@@ -48,3 +53,6 @@ class WorkerOp(StrEnum):
     #: Text on the serving version (completions, tokenize, detokenize, tokenizer info),
     #: on the serving thread: `text` holds the request (worker/text_op.py).
     TEXT = "text"
+    #: Stop a streamed `text` request (`target`: its id) at its next token. Read by the
+    #: worker's reader thread, answered at once: the serving thread is the one decoding.
+    CANCEL = "cancel"

@@ -11,6 +11,11 @@ the next log line of the trainer (and `state.log_history`) carries `hotreload_ve
 and `hotreload_digest`; the session answers evals from that version on with
 `Client.infer(..., min_version=version)`. At the end of training the final weights are
 pushed and waited for (`at_end`), so an eval after `train()` sees them.
+
+When the served model has an `eval` (its config's `eval = "evals.py:score"`), the figures
+the session scored a pushed version with go into the next log line as `hotreload/<name>`
+(with `hotreload_eval_version`), once they arrive; at the end of training the last push's
+are waited for (up to `eval_wait_s`).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
         timeout_s: float | None = None,
         at_end: bool = True,
         state_fn: Any = None,
+        eval_wait_s: float = 60.0,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be 1 or more, got {every_n_steps}")
@@ -68,6 +74,15 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
         self.handover_s: list[float] = []
         self._handles: list[tuple[int, PushHandle]] = []
         self._unlogged: dict[str, Any] = {}
+        #: (version, figures) the session's eval gave each pushed version, in order, and
+        #: (version, why) for those whose eval failed.
+        self.evals: list[tuple[int, dict[str, float]]] = []
+        self.eval_errors: list[tuple[int, str]] = []
+        self.eval_wait_s = eval_wait_s
+        #: Pushed versions whose eval has not been read yet; False once the session says
+        #: the model has no eval (then it is never asked again).
+        self._unscored: set[int] = set()
+        self._scored_model: bool | None = None
 
     @property
     def client(self) -> Client:
@@ -89,6 +104,7 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
         """The latest served push's version and digest, into this log line (callbacks after
         this one see them) and the trainer's log history (trainer_state.json)."""
         self._collect()
+        self._collect_evals()
         if not self._unlogged or logs is None:
             return
         logs.update(self._unlogged)
@@ -110,6 +126,11 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
                 except Exception:
                     pass  # recorded by _collect
             self._collect()
+            deadline = time.monotonic() + self.eval_wait_s
+            self._collect_evals()
+            while self._unscored and self._scored_model and time.monotonic() < deadline:
+                time.sleep(0.1)  # the last push's eval runs once it serves
+                self._collect_evals()
             if self._unlogged:
                 state.log_history.append({**self._unlogged, "step": state.global_step})
                 self._unlogged = {}
@@ -157,9 +178,39 @@ class HotreloadPush(TrainerCallback):  # type: ignore[misc]
                 self.errors.append((step, str(exc)))
                 continue
             self.served.append((step, reply["version"], reply["digest"]))
+            if self._scored_model is not False:
+                self._unscored.add(reply["version"])
             self._unlogged = {
                 "hotreload_version": reply["version"],
                 "hotreload_digest": reply["digest"],
                 "hotreload_step": step,
             }
         self._handles = still
+
+    def _collect_evals(self) -> None:
+        """The eval figures of pushed versions that have them now, into the next log line
+        (the newest version's); asked only while some pushed version has none yet."""
+        if not self._unscored or self._scored_model is False:
+            return
+        try:
+            reply = self.client.evals(self.model, since=min(self._unscored))
+        except ClientError as exc:
+            self.eval_errors.append((min(self._unscored), str(exc)))
+            self._unscored.clear()
+            return
+        self._scored_model = bool(reply.get("configured"))
+        if not self._scored_model:
+            self._unscored.clear()
+            return
+        for result in reply.get("evals", []):
+            version = result.get("version")
+            if version not in self._unscored:
+                continue
+            self._unscored.discard(version)
+            if result.get("error"):
+                self.eval_errors.append((version, result["error"]))
+                continue
+            figures = dict(result.get("figures") or {})
+            self.evals.append((version, figures))
+            self._unlogged.update({f"hotreload/{k}": v for k, v in figures.items()})
+            self._unlogged["hotreload_eval_version"] = version

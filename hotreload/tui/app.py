@@ -22,6 +22,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.driver import Driver
 from textual.widgets import DataTable, Footer
 
+from hotreload.engine.compile_figures import compile_text
 from hotreload.engine.event_kinds import (
     BaseEvent,
     ConfigChanged,
@@ -50,6 +51,7 @@ from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_OK
 from hotreload.tui import render
 from hotreload.tui.dialogs import HelpScreen, ResetDialog
 from hotreload.tui.fit import MODEL_COLUMNS, RELOAD_COLUMNS, fit_model_rows, fit_reload_rows
+from hotreload.tui.golden_panel import GoldenPanel
 from hotreload.tui.loadgen import LoadGenerator
 from hotreload.tui.messages import ActionDone, EngineEvent, Sampled, SessionStarted
 from hotreload.tui.source import DashboardSource, reset_target
@@ -79,6 +81,8 @@ class DashboardApp(App[int]):
         Binding("r", "reload", "Reload"),
         Binding("R", "reload_all", "All"),
         Binding("w", "rewarm", "Warm"),
+        # Not in the footer (it is full at 80 columns): the help page lists it.
+        Binding("b", "rollback", "Back", show=False),
         Binding("p", "pause", "Pause"),
         Binding("x", "reset_gpu", "Reset GPU"),
         Binding("l", "load", "Load"),
@@ -130,6 +134,7 @@ class DashboardApp(App[int]):
             yield Panel("Latency", id="latency")
             yield Panel("Memory", id="memory")
         yield RowsTable("Reloads", RELOAD_COLUMNS, follow_newest=True, id="reloads")
+        yield GoldenPanel(id="golden")
         with VerticalScroll(id="detail-box"):
             yield Panel("", id="detail")
         yield RowsTable(
@@ -270,8 +275,9 @@ class DashboardApp(App[int]):
                 self.notify(str(detail), severity="warning", timeout=8)
             case ReloadDone(model=m, unchanged=str() as same):
                 self.notify(f"{m}: {same}", timeout=3)
-            case ReloadDone(model=m, version=v, total_s=total_s):
-                self.notify(f"{m}: v{v} live in {total_s or 0:.2f} s", timeout=3)
+            case ReloadDone(model=m, version=v, total_s=total_s, compile=figures):
+                compiled = f"; {compile_text(figures)}" if figures else ""
+                self.notify(f"{m}: v{v} live in {total_s or 0:.2f} s{compiled}", timeout=3)
             case ReloadFailed(model=m, version=v, phase=phase, error=error):
                 self.notify(
                     f"{m}: reload failed in {phase}: {error} - v{v} keeps serving",
@@ -339,6 +345,7 @@ class DashboardApp(App[int]):
         latency.view = render.latency_text(m, tuple(self.state.p99.get(name, ())), width, height)
         memory = self.query_one("#memory", Panel)
         memory.view = render.memory_text(self.state, self.selected, memory.content_size.width)
+        self.query_one("#golden", GoldenPanel).show(m)
 
     def _render_reloads(self) -> None:
         table = self.query_one("#reloads", RowsTable)
@@ -418,6 +425,19 @@ class DashboardApp(App[int]):
             await self.source.reload(model)
         except Exception as exc:
             self.post_message(ActionDone(f"reload refused: {exc}", "error"))
+
+    def action_rollback(self) -> None:
+        if self.selected:
+            self._rollback(self.selected)
+
+    @work(group="reload", exit_on_error=False)
+    async def _rollback(self, model: str) -> None:
+        # The outcome is reported by its events; a rollback refused outright (no earlier
+        # version kept) is reported here.
+        try:
+            await self.source.rollback(model)
+        except Exception as exc:
+            self.post_message(ActionDone(f"rollback refused: {exc}", "error"))
 
     def action_rewarm(self) -> None:
         if self.selected:

@@ -99,6 +99,7 @@ HELP = """\
   tab      next table
   r / R    reload the selected model / every model
   w        re-run the selected model's warm-up
+  b        roll the selected model back to its previous version
   p        pause or resume the file watcher
   x        reset the GPU (explains it; only where allowed)
   l        start or stop the demo load (a few hundred req/s)

@@ -153,6 +153,10 @@ class RemoteSource:
     async def rewarm(self, model: str) -> dict[str, Any]:
         return await self._call({"op": "rewarm", "model": model})
 
+    async def rollback(self, model: str) -> list[ReloadOutcome]:
+        r = await self._call({"op": "rollback", "model": model})
+        return [ReloadOutcome(**o) for o in r["outcomes"]]
+
     async def set_paused(self, paused: bool) -> None:
         await self._call({"op": "pause", "paused": paused})
 

@@ -121,6 +121,9 @@ class DashboardSource(Protocol):
 
     async def rewarm(self, model: str) -> dict[str, Any]: ...
 
+    async def rollback(self, model: str) -> list[ReloadOutcome]:
+        """Serve the model's version before the serving one again (`hotreload rollback`)."""
+
     async def set_paused(self, paused: bool) -> None: ...
 
     def check_reset(self, index: int) -> ResetDecision:

@@ -10,7 +10,10 @@ Greedy at temperature 0, so the tokens are the ones `argmax` picks in-process.
 from __future__ import annotations
 
 import inspect
+import threading
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +39,30 @@ class NotAGenerator(ValueError):
 
 
 class TextRequestError(ValueError):
-    """A text request the model cannot answer as sent (an empty prompt); a 400."""
+    """A text request the model cannot answer as sent (an empty prompt); a 400. `param`:
+    the request field at fault, when one is (OpenAI's error object names it)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamCancelled(Exception):
+    """A text request was told to stop (its client went away, its timeout passed, or a
+    reload ended it): raised at a token, it ends the decode loop there."""
+
+
+#: Gets each new token's text so far.
+TextHook = Callable[[str], None]
+#: Set by the `text` op for a streamed request (worker/text_op.py): each `complete` call
+#: (one choice, in answer order) takes from it the hook its text goes to, token by token. A
+#: context variable, so the prompt-side code between the op and the decode loop passes
+#: nothing along, and a request that does not stream pays one lookup per choice.
+STREAM_TO: ContextVar[Callable[[], TextHook] | None] = ContextVar("stream_to", default=None)
+#: Set by the `text` op to the request's CANCEL flag (worker/text_op.py): the decode loop
+#: looks at it before each token, so a request nobody waits for any more (its client gone,
+#: its deadline passed) stops there rather than at its max_tokens.
+CANCEL_FLAG: ContextVar[threading.Event | None] = ContextVar("cancel_flag", default=None)
 
 
 @dataclass
@@ -50,17 +76,21 @@ class ModelCall:
     #: How many tokens (prompt and completion) the model attends over, and where that was
     #: read (for the message); None: its config does not say.
     context: tuple[int, str] | None = None
+    #: The end-of-text ids of the model's generation config (`eos_token_id`: one or a
+    #: list, as Llama-3 instruct's `<|eot_id|>` beside `<|end_of_text|>`): decoding stops
+    #: at any of them, and at the tokenizer's, as vLLM's does.
+    eos_ids: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, model: Any) -> ModelCall:
         fn = getattr(model, "forward", model)
-        context = model_context(model)
+        context, eos = model_context(model), generation_eos_ids(model)
         try:
             params = inspect.signature(fn).parameters
         except (TypeError, ValueError):
-            return cls(model, False, None, context)
+            return cls(model, False, None, context, eos)
         cache_kw = next((k for k in _CACHE_KWARGS if k in params), None)
-        return cls(model, "input_ids" in params, cache_kw, context)
+        return cls(model, "input_ids" in params, cache_kw, context, eos)
 
     def __call__(self, ids: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, Any]:
         """Logits [1, len, vocab] for `ids` [1, len] (the new tokens when `cache` holds the
@@ -123,6 +153,29 @@ def model_context(model: Any) -> tuple[int, str] | None:
     return None
 
 
+def _eos_of(config: Any) -> frozenset[int] | None:
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return frozenset({eos})
+    if isinstance(eos, (list, tuple)) and eos:
+        return frozenset(i for i in eos if isinstance(i, int) and not isinstance(i, bool))
+    return None
+
+
+def generation_eos_ids(model: Any) -> frozenset[int]:
+    """The end-of-text ids of a Hugging Face style model's `generation_config` (read from
+    its generation_config.json), or of the first submodule's with one (a module wrapping a
+    transformers model); empty when none says."""
+    found = _eos_of(getattr(model, "generation_config", None))
+    if found is not None or not callable(getattr(model, "modules", None)):
+        return found or frozenset()
+    for sub in model.modules():
+        found = _eos_of(getattr(sub, "generation_config", None))
+        if found is not None:
+            return found
+    return frozenset()
+
+
 def prompt_bound(call: ModelCall, tok: Tokenizer) -> tuple[int, str] | None:
     """The context a request must fit: the model config's, else the tokenizer's
     `model_max_length` when it is one (not transformers' 1e30 placeholder)."""
@@ -166,14 +219,16 @@ def check_prompts(
         if max_prompt_tokens is not None and n > max_prompt_tokens:
             raise TextRequestError(
                 f"{field} has {n} tokens, over this model's limit of {max_prompt_tokens} "
-                "(max_prompt_tokens in its [[models]] table); shorten the prompt"
+                "(max_prompt_tokens in its [[models]] table); shorten the prompt",
+                field_name,
             )
         if context is not None and n + max_tokens > context[0]:
             raise TextRequestError(
                 f"{field}: this model's maximum context length is {context[0]} tokens "
                 f"({context[1]}). However, you requested {n + max_tokens} tokens ({n} in the "
                 f"prompt, {max_tokens} in the completion). Please reduce the length of the "
-                "prompt or 'max_tokens'"
+                "prompt or 'max_tokens'",
+                field_name,
             )
 
 
@@ -188,6 +243,9 @@ class Sampling:
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None
     echo: bool = False
+    #: The answer's text leaves out the special tokens generated (vLLM's default); the
+    #: echoed prompt and the log-probabilities' tokens keep theirs (what lm-eval reads).
+    skip_special_tokens: bool = True
 
 
 @dataclass
@@ -234,6 +292,11 @@ def complete(
     if not prompt_ids:
         raise TextRequestError("the prompt is empty after tokenization; send at least one token")
     t0 = time.perf_counter()
+    cancel = CANCEL_FLAG.get()
+    stop_ids = call.eos_ids | ({tok.eos_id} if tok.eos_id is not None else frozenset())
+    opened = STREAM_TO.get()
+    show = opened() if opened is not None else None
+    shown = tok.decode(prompt_ids) if show is not None and s.echo else ""  # echo: the prompt
     gen = None
     if s.temperature > 0 and s.seed is not None:
         gen = torch.Generator(device=device)
@@ -250,6 +313,8 @@ def complete(
     first_token_s = None
     text = ""
     for _ in range(s.max_tokens):
+        if cancel is not None and cancel.is_set():
+            raise StreamCancelled(f"stopped after {len(tokens_out)} token(s)")
         nxt = _pick(last, s, gen)
         if first_token_s is None:
             first_token_s = time.perf_counter() - t0
@@ -257,17 +322,22 @@ def complete(
             # Every new token is scored, the end-of-text one too: lm-eval reads the prompt's
             # log-probabilities as all but the last entry (it asks for max_tokens=1).
             lp_rows.append(last.log_softmax(-1))
-        if tok.eos_id is not None and nxt == tok.eos_id:
+        if nxt in stop_ids:
             finish = "stop"
             eos_made = True
             break
         tokens_out.append(nxt)
-        text = tok.decode(tokens_out)
+        before, text = text, tok.decode(tokens_out, skip_special=s.skip_special_tokens)
         cut = min((text.find(x) for x in s.stop if x and x in text), default=-1)
         if cut >= 0:
             text = text[:cut]
             finish = "stop"
             break
+        if show is not None:  # streamed: the text no later token can change, so far
+            # The newest token's text is held back to the next one: a decode may rewrite
+            # the text at its boundary once the next token comes (clean_up_tokenization_
+            # spaces: "I '" then "s" decodes "I's"), so only what two decodes agree on goes.
+            show(shown + settled(_agreed(before, text), s.stop))
         if len(tokens_out) == s.max_tokens:
             break
         if call.cache_kw is not None and cache is not None:
@@ -276,11 +346,42 @@ def complete(
             whole = torch.tensor([prompt_ids + tokens_out], dtype=torch.long, device=device)
             logits, cache = call(whole)
         last = logits[0, -1].float()
+    if show is not None and tokens_out:
+        # The answer is whole: what was held back (the newest token's text) goes now, so
+        # the stream's pieces add up to it rather than leave its end to the reply.
+        show(shown + text)
     made = [*tokens_out, nxt] if eos_made else tokens_out  # the end-of-text token counts
     logprobs = _legacy_logprobs(tok, prompt_ids, prompt_lp, made, lp_rows, s) if want_lp else None
     if s.echo:
         text = tok.decode(prompt_ids) + text
     return Completion(text, finish, len(prompt_ids), len(made), logprobs, first_token_s)
+
+
+def _agreed(before: str, now: str) -> str:
+    """The longest start `before` (the decode without the newest token) and `now` share."""
+    if now.startswith(before):
+        return before
+    n = 0
+    for a, b in zip(before, now, strict=False):
+        if a != b:
+            break
+        n += 1
+    return now[:n]
+
+
+def settled(text: str, stops: list[str]) -> str:
+    """What of `text` a stream may send now: not a trailing U+FFFD (the start of a
+    character the next byte-level token completes), nor a tail that may be the start of a
+    stop string (cut from the answer if the next tokens complete it). The rest comes with
+    the final reply, so a stream's pieces add up to the answer not streamed."""
+    end = len(text.rstrip("\ufffd"))
+    held = 0
+    for x in stops:
+        for k in range(min(len(x) - 1, end), held, -1):
+            if text.startswith(x[:k], end - k):
+                held = k
+                break
+    return text[: end - held]
 
 
 def _legacy_logprobs(

@@ -68,3 +68,26 @@ def _with_strings(metas: list[dict[str, Any]], payload: memoryview | bytes) -> d
             out.update(request_tensors([m], part))
         offset += n
     return out
+
+
+def replay_inputs(
+    example: dict[str, Any], metas: list[dict[str, Any]], device: torch.device
+) -> dict[str, Any]:
+    """Inputs shaped as a served request was (`metas`: name, dtype, shape, named as the
+    example's inputs), filled with the example's own values repeated: token ids stay in
+    the vocabulary and activations in range, and no random values change an answer's path.
+    Dynamo's guards look at shapes and dtypes, so these compile what that request did."""
+    out: dict[str, Any] = {}
+    for m in metas:
+        shape, dtype = list(m["shape"]), TORCH_DTYPES[m["dtype"]]
+        seed = example.get(m["name"])
+        n = 1
+        for s in shape:
+            n *= int(s)
+        if isinstance(seed, torch.Tensor) and seed.numel() and n:
+            flat = seed.detach().reshape(-1).to(device=device, dtype=dtype)
+            reps = -(-n // flat.numel())
+            out[m["name"]] = flat.repeat(reps)[:n].reshape(shape).contiguous()
+        else:
+            out[m["name"]] = torch.zeros(shape, dtype=dtype, device=device)
+    return out

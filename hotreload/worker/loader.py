@@ -23,10 +23,10 @@ import torch
 
 from hotreload import runtime
 from hotreload.errors import did_you_mean
-from hotreload.worker import adapter_copy, smoke_checks
+from hotreload.worker import adapter_copy, compile_watch, compiled_names, smoke_checks
 from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes, loaded_files
-from hotreload.worker.inputs import to_device
+from hotreload.worker.inputs import replay_inputs, to_device
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pacing import no_pause
 from hotreload.worker.push_copy import structure_for_push
@@ -45,6 +45,9 @@ from hotreload.worker.signatures import (
 )
 from hotreload.worker.weight_sources import PlacedWeights, place_weights
 from hotreload.worker.weights import torchscript_factory
+
+#: Passes per served signature on a CUDA device: CUDA graphs warm up, record, then replay.
+REPLAY_PASSES_CUDA = 3
 
 
 @dataclass
@@ -84,6 +87,11 @@ class ModelVersion:
     #: vocabulary size): kept on the version so they go with it; a module-level cache held
     #: a released version's model (and its device memory) until the next text request.
     made: dict[str, Any] = field(default_factory=dict)
+    #: The last warm phase: served signatures replayed, those that failed, and what
+    #: torch.compile did (None: dynamo was never imported, an eager model).
+    replayed: int = 0
+    replay_failed: list[str] = field(default_factory=list)
+    compile: compile_watch.CompileFigures | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -300,9 +308,9 @@ def build_version(
             quick[1]
             if quick is not None
             else place_weights(
-                model,
+                compiled_names.unwrap(model),  # compiled: its weights are the module's inside
                 files,
-                spec.get("weights_prefix"),
+                compiled_names.prefix_for(model, spec.get("weights_prefix")),
                 root=str(root),
                 device=device,
                 current=current,
@@ -340,7 +348,9 @@ def build_version(
         parameters=accepted_parameters(model),
         build_notes=build_notes,
         weights=placed,
-        init_digests={k: d for k, d in set_by_build.items() if k in placed.keys},
+        init_digests={
+            k: d for k, d in compiled_names.eager_names(set_by_build).items() if k in placed.keys
+        },
         copied=pushed is not None,
     )
     if placed.adapters is not None:
@@ -355,7 +365,7 @@ def build_version(
     elif isinstance(model, torch.nn.Module):
         # Now, or beside the warm-up and the swap: 1 GiB takes ~0.5 s, which an edit's first
         # new answer need not wait for (op DIGEST waits for it).
-        digest_version(mv, model.state_dict(), placed, now=digest_now)
+        digest_version(mv, compiled_names.unwrap(model).state_dict(), placed, now=digest_now)
     mv.load_s = time.perf_counter() - started
     mv.footprint_bytes = max(0, allocated_bytes(device) - before)
     return mv
@@ -385,17 +395,91 @@ def check_parameters(mv: ModelVersion, params: dict[str, Any], inputs: dict[str,
         raise LoadError(problem)
 
 
-def warm(mv: ModelVersion, iters: int, step_done: Callable[[], None] = no_pause) -> None:
-    """Run the example `iters` times and time each pass (first pass shows lazy init cost);
-    `step_done` runs after each pass."""
+def warm(
+    mv: ModelVersion,
+    iters: int,
+    step_done: Callable[[], None] = no_pause,
+    shapes: Sequence[list[dict[str, Any]]] = (),
+    budget_s: float | None = None,
+    compiled_before: bool = False,
+) -> None:
+    """Run the example `iters` times and time each pass (first pass shows lazy init cost),
+    then each served signature in `shapes` (engine/served_shapes.py) so its compile, CUDA
+    graph capture, cuDNN autotuning and allocator growth happen here, not on a request.
+    On a CPU only a compiled model replays them (this version is a torch.compile wrapper,
+    dynamo compiled in its example passes, or `compiled_before`: the version it replaces
+    did): an eager one has nothing to prepare there, and the replay would be reload latency.
+    `step_done` runs after each pass. A shape starts only while the time spent plus the
+    slowest pass so far (a compile) fits in `budget_s`: the rest is left out (said in
+    `mv.replay_failed`), so the replay never takes the warm phase past its deadline. What
+    torch.compile did lands in `mv.compile`."""
     mv.warm_passes_ms = []
+    mv.replayed, mv.replay_failed = 0, []
+    watch = compile_watch.Watch()
     started = time.perf_counter()
+    example = request_like(mv.example)
     for _ in range(iters):
         t0 = time.perf_counter()
-        forward(mv, mv.example_form, mv.example)
+        forward(mv, mv.example_form, example)
         mv.warm_passes_ms.append((time.perf_counter() - t0) * 1000)
         step_done()
+    cuda = mv.device.type == "cuda"
+    if not cuda and not (compiled_before or _compiled(mv, watch)):
+        shapes = ()  # an eager model on a CPU: no compile, autotune or allocator to warm
+    # CUDA graphs (mode="reduce-overhead") record on a shape's second call and replay from
+    # the third: each shape runs that often on a GPU, once on a CPU (a compile is all).
+    passes = REPLAY_PASSES_CUDA if cuda else 1
+    for _ in range(passes - iters if iters and cuda and shapes else 0):
+        forward(mv, mv.example_form, example)  # the example's shape too, untimed
+    # What the next shape may cost: the slowest pass so far, the example's first (its
+    # compile) included; a shape at a new size compiles again, and that can be most of
+    # warm_s, so "still within the budget before it starts" is not enough.
+    slowest_s = max(mv.warm_passes_ms, default=0.0) / 1000
+    for i, metas in enumerate(shapes):
+        elapsed = time.perf_counter() - started
+        if budget_s is not None and elapsed + slowest_s >= budget_s:
+            mv.replay_failed.append(
+                f"{len(shapes) - i} served shape(s) left out: {elapsed:.2f} s into the warm "
+                f"phase, the next one (up to {slowest_s:.2f} s, the slowest pass so far) "
+                f"would pass the replay's budget of {budget_s:.2f} s (raise deadlines.warm_s "
+                "to warm them all)"
+            )
+            break
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                inputs = replay_inputs(mv.example, metas, mv.device)
+            for _ in range(passes):
+                forward(mv, mv.example_form, inputs)
+            mv.replayed += 1
+        except Exception as exc:  # the request at that shape would fail too: said, not fatal
+            shape = ", ".join(f"{m['name']} {m['dtype']}{list(m['shape'])}" for m in metas)
+            mv.replay_failed.append(f"{shape}: {type(exc).__name__}: {exc}"[:500])
+        slowest_s = max(slowest_s, time.perf_counter() - t0)
+        step_done()
     mv.warm_s = time.perf_counter() - started
+    figures = watch.done()
+    # Said for a compiled model (0 compiles, after a weights change, is the news) and
+    # wherever dynamo ran; an eager model in a process that imported dynamo says nothing.
+    ran = figures.compiles or figures.cache or compiled_names.has_compiled(mv.model)
+    mv.compile = figures if ran else None
+
+
+def _compiled(mv: ModelVersion, watch: compile_watch.Watch) -> bool:
+    """This version is compiled: a torch.compile wrapper, or dynamo compiled (or read
+    Inductor's cache) during its warm-up so far (a compiled function inside it)."""
+    if compiled_names.has_compiled(mv.model):
+        return True
+    so_far = watch.so_far()
+    return bool(so_far.compiles or so_far.cache)
+
+
+def request_like(example: dict[str, Any]) -> dict[str, Any]:
+    """The example as requests are: inference tensors (the serving thread makes them in
+    inference mode). Dynamo guards on a tensor's dispatch keys, so a graph compiled for the
+    example as build() made it would compile again at the first request of that shape."""
+    with torch.inference_mode():
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in example.items()}
 
 
 def smoke(
@@ -404,18 +488,23 @@ def smoke(
     *,
     allow_output_change: bool,
     expected: dict[str, Any] | None = None,
+    seen: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the example once; reject non-finite outputs and an unexpected output signature."""
+    """Run the example once; reject non-finite outputs and an unexpected output signature.
+    `seen` gets the example's outputs once checked finite (the golden comparison's)."""
+    example = request_like(mv.example)  # the warm-up's graphs: no compile of its own
     try:
-        out_form, outputs, dropped = normalise_output(forward(mv, mv.example_form, mv.example))
+        out_form, outputs, dropped = normalise_output(forward(mv, mv.example_form, example))
     except SignatureError as exc:
         raise LoadError(f"smoke test: {exc}") from None
     note = dropped_note(dropped)
     mv.notes = [*mv.build_notes, *([note] if note else [])]
     smoke_checks.check_finite(outputs)
+    if seen is not None:  # before another forward: a CUDA graph's replay reuses the memory
+        seen(outputs)
     # And each adapter this build touched (a NaN pushed into one that is not the default).
     smoke_checks.check_adapters(
-        mv, lambda: normalise_output(forward(mv, mv.example_form, mv.example))[1]
+        mv, lambda: normalise_output(forward(mv, mv.example_form, example))[1]
     )
     sig = output_signature(outputs, out_form)
     if expected:

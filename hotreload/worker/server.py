@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,11 @@ from hotreload.errors import ProtocolError
 from hotreload.protocol.framing import Frame, SocketFrameReader, pack_frame, send_frame
 from hotreload.protocol.messages import (
     OPS,
+    CancelRequest,
     DigestReply,
     DigestRequest,
     Done,
+    EvalRequest,
     FreedReply,
     LoadReply,
     LoadRequest,
@@ -37,6 +40,7 @@ from hotreload.protocol.messages import (
     RestoreReply,
     RestoreRequest,
     RetireRequest,
+    SaveRequest,
     SmokeReply,
     SmokeRequest,
     StatusReply,
@@ -49,7 +53,18 @@ from hotreload.protocol.messages import (
 )
 from hotreload.protocol.ops import WorkerOp
 from hotreload.protocol.tensors import encode_tensors
-from hotreload.worker import adapters, imported_files, loader, oom, replies, weights_digest
+from hotreload.worker import (
+    adapters,
+    compile_watch,
+    eval_run,
+    golden_run,
+    imported_files,
+    loader,
+    oom,
+    replies,
+    save_weights,
+    weights_digest,
+)
 from hotreload.worker.fresh_source import code_roots, compile_from_source, must_reimport
 from hotreload.worker.inputs import request_tensors, to_device
 from hotreload.worker.loader import LoadError, ModelVersion
@@ -79,6 +94,14 @@ class Worker:
         self.failed = 0
         #: Requests whose deadline passed before their turn: answered, never computed.
         self.skipped = 0
+        #: Text requests (streamed or not) running or queued, by id: the flag a CANCEL sets
+        #: (the reader thread registers each on arrival; worker/text_op.py drops it at its end).
+        self.streams: dict[Any, threading.Event] = {}
+        #: Text requests stopped by a CANCEL.
+        self.cancelled = 0
+        #: Requests whose forward compiled (torch.compile): the warm phase's replay avoids them.
+        self.serving_compiles = 0
+        compile_watch.use_cache_dir(spec, os.environ)  # the model's compile cache folder
         self.busy_since: float | None = None
         #: Seconds the serving thread has spent on requests (build pacing looks at it).
         self.busy_total = 0.0
@@ -129,7 +152,9 @@ class Worker:
             # Forwards only: inference mode once for the thread's life, not per request.
             with torch.inference_mode():
                 self._run_queue(q)
-        elif name == "loader" and self.build_cpus is not None:
+        elif name in ("loader", "eval") and self.build_cpus is not None:
+            # An eval scores a held-out set (minutes of forwards): build work, kept off the
+            # serving CPUs like a load.
             self._run_queue(q, BuildPlacement(self.build_cpus))
         else:
             self._run_queue(q)
@@ -194,7 +219,9 @@ class Worker:
                 except LoadError as exc:  # an adapter left out is unavailable, not bad
                     self.send(error_header(h["id"], getattr(exc, "code", "bad_request"), str(exc)))
                     return
+            compiles = compile_watch.compiles_here()
             out = loader.forward(mv, mv.example_form, inputs, params)
+            self.serving_compiles += compile_watch.compiles_here() != compiles
             form, outputs, _ = normalise_output(out)
             metas, blobs = encode_tensors(outputs)  # CPU copies of device tensors, as numpy
             compute_ms = (time.perf_counter() - t0) * 1000
@@ -317,8 +344,19 @@ class Worker:
         # Re-warming the serving version runs on its own thread, between requests: no pacing.
         pacer = self._pacer(h.serving_elsewhere) if mv is not self.current else None
         iters = h.iters if h.iters is not None else int(self.spec.get("warmup_iters", 3))
-        loader.warm(mv, iters, pacer.step_done if pacer else no_pause)
-        self.answer(rid, WarmReply(mv.warm_s, mv.warm_passes_ms, pacer.paused_s if pacer else 0.0))
+        # The version it replaces compiled: a CPU replay is worth it even when this one's
+        # example passes hit dynamo's caches and compiled nothing.
+        before = self.current if self.current is not mv else None
+        loader.warm(
+            mv,
+            iters,
+            pacer.step_done if pacer else no_pause,
+            h.shapes,
+            h.replay_budget_s,
+            compiled_before=before is not None and before.compile is not None,
+        )
+        reply = WarmReply(mv.warm_s, mv.warm_passes_ms, pacer.paused_s if pacer else 0.0)
+        self.answer(rid, compile_watch.warm_reply(reply, mv))
 
     def op_smoke(self, h: SmokeRequest, rid: Any) -> None:
         mv = self._target(h.target)
@@ -328,17 +366,25 @@ class Worker:
         if previous is None and h.previous_outputs:
             previous = h.previous_outputs
         pacer = self._pacer(h.serving_elsewhere)
+        example: list[dict[str, Any]] = []  # the smoke test's outputs: no second forward
         sig = loader.smoke(
             mv,
             previous,
             allow_output_change=bool(self.spec.get("allow_output_change")),
             expected=self.spec.get("expected_output"),
+            seen=lambda outputs: example.append(golden_run.snapshot(outputs)),
+        )
+        # The golden inputs, compared engine-side with the serving version's (golden_run.py):
+        # their raw bytes are the reply's payload.
+        golden, blobs, too_big = golden_run.run(
+            mv, self.spec, loader.forward, pacer.step_done, example[0] if example else None
         )
         imports = imported_files.imported_files(self._code_roots())  # forward's own too
-        reply = SmokeReply(outputs=sig, notes=list(mv.notes), imports=imports)
+        notes = [*mv.notes, *([too_big] if too_big else [])]
+        reply = SmokeReply(outputs=sig, notes=notes, imports=imports, golden=golden)
         pacer.step_done()
         reply.paused_s = pacer.paused_s
-        self.answer(rid, reply)
+        self.send({"id": rid, "ok": True, **reply.wire()}, blobs)
 
     # ------------------------------------------------------------------ control (reader thread)
 
@@ -421,6 +467,26 @@ class Worker:
         mv = {"retired": self.retired, "current": self.current}.get(h.which)
         self.answer(rid, replies.sync_version(self.device, mv, h.deadline_s))
 
+    def op_save(self, h: SaveRequest, rid: Any) -> None:
+        """The serving version's weights into a folder (worker/save_weights.py), on the
+        loader thread: a big save never holds up the control ops or the requests."""
+        mv = self.current
+        if mv is None:
+            raise LoadError("no version serves: nothing to save")
+        reply = save_weights.save_version(
+            mv.model, mv.version, Path(h.folder), name=h.model, digest=h.digest
+        )
+        self.answer(rid, reply)
+
+    def op_eval(self, h: EvalRequest, rid: Any) -> None:
+        """The config's eval on the serving version (worker/eval_run.py), on the eval
+        thread: a slow one holds up neither requests nor builds."""
+        mv = self.current
+        if mv is None or mv.version != h.version:
+            serving = f"v{mv.version} serves" if mv is not None else "no version serves"
+            raise LoadError(f"eval of v{h.version} not run: {serving} now")
+        self.answer(rid, eval_run.run_eval(mv.model, mv.version, self.spec))
+
     def op_digest(self, h: DigestRequest, rid: Any) -> None:
         """The serving version's digest, answered once its hashing is done (from the
         hashing thread: no worker thread waits for it, and no build thread wakes up)."""
@@ -438,13 +504,22 @@ class Worker:
 
         fut.add_done_callback(answer)
 
+    def op_cancel(self, h: CancelRequest, rid: Any) -> None:
+        """On the reader thread, so it lands while the serving thread decodes: the text
+        request's decode loop stops at its next token (worker/text_op.py answers it
+        `cancelled`)."""
+        flag = self.streams.get(h.target)
+        if flag is not None:
+            flag.set()
+        self.answer(rid, Done())
+
     def op_status(self, h: StatusRequest, rid: Any) -> None:
         if h.collect:
             # A settled figure for leak checks: collect every generation, drop cached blocks.
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        self.answer(rid, StatusReply(**worker_status(self)))
+        self.answer(rid, StatusReply(**worker_status(self), cancelled=self.cancelled))
 
     # ------------------------------------------------------------------ main loop
 
@@ -463,7 +538,8 @@ class Worker:
         # through (the manager then decides to kill this process).
         serve_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         control_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        queues = {"serve": serve_q, "loader": self.load_q, "control": control_q}
+        eval_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        queues = {"serve": serve_q, "loader": self.load_q, "control": control_q, "eval": eval_q}
         for name, q in queues.items():
             threading.Thread(
                 target=self._thread_loop, args=(q, name), name=f"hotreload-{name}", daemon=True
@@ -482,9 +558,12 @@ class Worker:
             WorkerOp.SYNC: (control_q, self.control(self.op_sync)),
             WorkerOp.STATUS: (control_q, self.control(self.op_status)),
             WorkerOp.DIGEST: (control_q, self.control(self.op_digest)),
+            WorkerOp.SAVE: (self.load_q, self.control(self.op_save)),
+            WorkerOp.EVAL: (eval_q, self.control(self.op_eval)),
             WorkerOp.PING: (control_q, self.control(lambda h, rid: self.answer(rid, Done()))),
         }
         swap, warm = self.control(self.op_swap), self.control(self.op_warm)
+        cancel, text = self.control(self.op_cancel), routes[WorkerOp.TEXT][1]
         self.send(
             {"id": 0, "ok": True, "hello": True, "pid": os.getpid(), "device": str(self.device)}
         )
@@ -505,6 +584,13 @@ class Worker:
                 # Re-warming the serving version shares its thread; a staged one, the loader's.
                 current = frame.header.get("target") == "current"
                 (serve_q if current else self.load_q).put((warm, frame))
+            elif op == WorkerOp.CANCEL:
+                cancel(frame)
+            elif op == WorkerOp.TEXT:
+                # Registered before it queues: a CANCEL that comes first still finds it
+                # (a stream's client gone, or any text request's deadline passed).
+                self.streams[frame.header.get("id")] = threading.Event()
+                serve_q.put((text, frame))
             elif op in routes:
                 q, fn = routes[op]
                 q.put((fn, frame))

@@ -27,6 +27,7 @@ def worker_status(w: Any) -> dict[str, Any]:
         "served": w.served,
         "failed": w.failed,
         "skipped": w.skipped,
+        "serving_compiles": w.serving_compiles,
         "busy_for_s": None if w.busy_since is None else time.monotonic() - w.busy_since,
         "torch": torch.__version__,
         "threads": {

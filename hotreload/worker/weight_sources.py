@@ -19,6 +19,7 @@ import torch
 
 from hotreload.worker import adapter_pushes
 from hotreload.worker.adapters import AdapterSet, attach
+from hotreload.worker.compiled_names import unwrap
 from hotreload.worker.fast_build import retie
 from hotreload.worker.load_error import LoadError
 from hotreload.worker.pushed_state import read_state
@@ -68,7 +69,7 @@ class PlacedWeights:
 def _shareable(model: torch.nn.Module, current: Any) -> tuple[dict[str, torch.Tensor], str | None]:
     """The serving version's weight tensors the new module can take as they are (its every
     name, shape and dtype the same), or why not."""
-    old_model = getattr(current, "model", None)
+    old_model = unwrap(getattr(current, "model", None))  # compiled: the module inside
     old_keys: set[str] = getattr(getattr(current, "weights", None), "keys", set())
     if not isinstance(old_model, torch.nn.Module) or not old_keys:
         return {}, "the serving version holds no weights to share"

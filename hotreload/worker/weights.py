@@ -148,10 +148,16 @@ def _read(path: Path, root: str | None, device: str = "cpu") -> dict[str, torch.
 
 def apply_prefix(keys: Iterable[str], prefix: Mapping[str, str] | None) -> dict[str, str]:
     """File key -> module key: `strip` removed where a key starts with it, then `add` put in
-    front of every key."""
+    front of every key. `strip_first` (compiled_names.prefix_for: `_orig_mod.`) is removed
+    before `strip`, where a key starts with it."""
     strip = (prefix or {}).get("strip", "")
     add = (prefix or {}).get("add", "")
-    return {k: add + (k[len(strip) :] if strip and k.startswith(strip) else k) for k in keys}
+    first = (prefix or {}).get("strip_first", "")
+    out = {}
+    for key in keys:
+        k = key[len(first) :] if first and key.startswith(first) else key
+        out[key] = add + (k[len(strip) :] if strip and k.startswith(strip) else k)
+    return out
 
 
 def packed_entries(state: Mapping[str, Any]) -> list[str]:

@@ -3,7 +3,8 @@ process (lm-eval is imported once), and write what each run scored as JSON.
 
     python -m tests.evalharness.run_lmeval RUNS_JSON OUT_JSON
 
-RUNS_JSON: [{"label": "hf", "model": "hf", "model_args": {...}}, ...]. For each run OUT_JSON
+RUNS_JSON: [{"label": "hf", "model": "hf", "model_args": {...}}, ...] (a run may also set
+"batch_size", "limit" and "apply_chat_template"). For each run OUT_JSON
 holds the metrics per task, every request's responses (loglikelihoods, generations) in
 lm-eval's order, and the wall time. Run from the repository root (the task YAMLs name their
 data relative to it), offline.
@@ -45,6 +46,8 @@ def run(spec: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
         log_samples=True,
         batch_size=spec.get("batch_size", 1),
         limit=spec.get("limit"),
+        # Chat models (local-chat-completions) and `hf` rendering the same template.
+        apply_chat_template=spec.get("apply_chat_template", False),
         random_seed=0,
         numpy_random_seed=0,
         torch_random_seed=0,

@@ -408,6 +408,7 @@ def test_a_left_out_adapter_on_a_text_route_is_unavailable_not_a_model_error(
     sent: list[dict[str, Any]] = []
     worker = SimpleNamespace(
         spec={}, served=0, failed=0, skipped=0, busy_since=time.monotonic(), busy_total=0.0,
+        streams={},
         admit=lambda header: SimpleNamespace(), send=lambda header, blobs=None: sent.append(header),
     )  # fmt: skip
     text_op.op_text(worker, Frame({"id": 7, "op": "text", "text": {}}, b""))  # type: ignore[arg-type]

@@ -103,25 +103,27 @@ def test_prompts_past_the_context_or_the_key_get_a_400_and_the_worker_serves_on(
     server = serve(config, "--http", "127.0.0.1:0", process_cls=HttpServeProcess)
     url = server.url
 
+    # /v1 errors are OpenAI error objects: the text is the error's message.
     status, body = _complete(url, {"prompt": [5] * 150, "max_tokens": 4})
     assert status == 400, body
-    assert "'prompt' has 150 tokens" in body["error"]
-    assert "limit of 100 (max_prompt_tokens" in body["error"]
+    assert "'prompt' has 150 tokens" in body["error"]["message"]
+    assert "limit of 100 (max_prompt_tokens" in body["error"]["message"]
 
     # Within the key, but prompt + max_tokens past the model's 512 positions (vLLM's rule).
     status, body = _complete(url, {"prompt": [5] * 99, "max_tokens": 500})
     assert status == 400, body
-    assert "maximum context length is 512 tokens (n_positions in its config)" in body["error"]
-    assert "you requested 599 tokens (99 in the prompt, 500 in the completion)" in body["error"]
-    assert "'max_tokens'" in body["error"]
+    said = body["error"]["message"]
+    assert "maximum context length is 512 tokens (n_positions in its config)" in said
+    assert "you requested 599 tokens (99 in the prompt, 500 in the completion)" in said
+    assert "'max_tokens'" in said
 
     # One prompt of a batch: named by its index, and none of the batch runs.
     status, body = _complete(url, {"prompt": [[5] * 10, [5] * 150], "max_tokens": 1})
-    assert status == 400 and "'prompt'[1] has 150 tokens" in body["error"], body
+    assert status == 400 and "'prompt'[1] has 150 tokens" in body["error"]["message"], body
 
     # A long string: measured in tokens, refused the same way (Triton's generate too).
     status, body = _complete(url, {"prompt": "hello world " * 20_000, "max_tokens": 1})
-    assert status == 400 and "max_prompt_tokens" in body["error"], body
+    assert status == 400 and "max_prompt_tokens" in body["error"]["message"], body
     status, _, raw = request(
         url,
         "/v2/models/lm/generate",

@@ -44,6 +44,8 @@ def test_what_lm_eval_sends_for_a_loglikelihood() -> None:
         "stop": [],
         "logprobs": 1,
         "echo": True,
+        # vLLM's default; the answer's text only (echo and logprobs keep their tokens).
+        "skip_special_tokens": True,
     }
     # Defaults are OpenAI's: 16 tokens, temperature 1.
     assert completion_request({"prompt": "x"})["sampling"]["max_tokens"] == 16

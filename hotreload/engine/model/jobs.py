@@ -51,6 +51,11 @@ class ReloadOutcome:
     #: per-adapter digests; None: no adapters declared).
     digest: str | None = None
     adapters: dict[str, Any] | None = None
+    #: The version's eval, once it ran after the outcome (engine/model/evals.py): figures,
+    #: seconds, or the error. None: no eval configured, or not run yet.
+    eval: dict[str, Any] | None = None
+    #: A rollback: the kept version it serves again (engine/model/rollback.py).
+    rollback_of: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -198,10 +203,16 @@ class JobQueue:
         return iter(self._jobs)
 
     def add(self, job: Job) -> Job:
-        """Queue `job`, or return the queued job that already covers it."""
-        for queued in self._jobs:
+        """Queue `job`, or return the queued job that already covers it. A reload never
+        merges into one queued before a rollback (kind "rollback"): an edit saved after the
+        rollback was asked for runs after it, else the rollback would undo it."""
+        last_rollback = max(
+            (i for i, q in enumerate(self._jobs) if q.kind == "rollback"), default=-1
+        )
+        for i, queued in enumerate(self._jobs):
             if (
                 isinstance(job, ReloadJob)
+                and i > last_rollback
                 and isinstance(queued, ReloadJob)
                 # A file reload never shares the fate of new settings (which may fail).
                 and (job.settings is None) == (queued.settings is None)

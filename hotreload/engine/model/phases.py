@@ -22,13 +22,17 @@ from typing import Any, Protocol, TypeVar
 
 from hotreload.config import ModelConfig
 from hotreload.config.models import Deadlines
+from hotreload.engine import golden
 from hotreload.engine.checkpoint_ready import wait_until_complete
+from hotreload.engine.compile_figures import compile_text
 from hotreload.engine.event_kinds import CheckpointWait, ModelNote, PhaseEnd, PhaseStart
 from hotreload.engine.events import EventBus
+from hotreload.engine.golden import GoldenSet
 from hotreload.engine.model.jobs import PhaseFailed, Ran, ReloadOutcome, Skipped, Wedged
 from hotreload.engine.model.pushes import (
     Overlay,
     WeightsBlock,
+    WeightsPlan,
     adopt_block,
     keep_leaves,
     plan_weights,
@@ -36,6 +40,7 @@ from hotreload.engine.model.pushes import (
 from hotreload.engine.model.record import ModelRecord, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
 from hotreload.engine.router import ModelRouter
+from hotreload.engine.served_shapes import REPLAY_SHARE, replayable
 from hotreload.engine.snapshots import code_paths
 from hotreload.engine.warm_progress import WarmDeadlineError, wait_for_warm
 from hotreload.engine.worker_port import Worker, WorkerDied, WorkerReplyError
@@ -47,6 +52,7 @@ from hotreload.protocol.messages import (
     ReleaseRequest,
     RestoreRequest,
     SmokeRequest,
+    SwapReply,
     SwapRequest,
     SyncReply,
     SyncRequest,
@@ -55,6 +61,8 @@ from hotreload.protocol.messages import (
 
 T = TypeVar("T")
 MIB = 2**20
+#: How long streams ended at the drain deadline may take to stop (their next token).
+STREAM_END_S = 5.0
 
 
 class RunPhase(Protocol):
@@ -157,8 +165,16 @@ class BuildSpec:
     #: The serving version's weights block (respawn: another worker maps it).
     serving_block: WeightsBlock | None = None
     push: Overlay | None = None
+    #: Where the weights come from, decided by the caller (a rollback: kept_versions.py),
+    #: told whether the build runs in the serving worker; None: pushes.plan_weights's rule.
+    weights: Callable[[bool], WeightsPlan] | None = None
     #: The serving version's outputs, for the smoke test's comparison.
     previous_outputs: list[dict[str, Any]] | None = None
+    #: The serving version and its golden outputs (engine/golden.py), compared with the
+    #: new version's in the smoke phase; where each version's are kept (None: not kept).
+    previous_golden: GoldenSet | None = None
+    previous_version: int | None = None
+    golden_dir: Path | None = None
     #: The states shown during load and warm (None: leave the state as it is).
     load_state: str | None = None
     warm_state: str | None = None
@@ -166,6 +182,9 @@ class BuildSpec:
     serving_busy: Callable[[], bool] = lambda: False
     #: Says a line about the build as it runs (a long warm-up's progress).
     say: Callable[[str], None] = lambda message: None
+    #: The input signatures the model served lately (router.served): the warm phase runs
+    #: those the new version accepts, so no request after the swap pays their compile.
+    served: Callable[[], list[list[dict[str, Any]]]] = lambda: []
 
 
 async def build(run: RunPhase, worker: Worker, spec: BuildSpec) -> VersionInfo:
@@ -173,14 +192,19 @@ async def build(run: RunPhase, worker: Worker, spec: BuildSpec) -> VersionInfo:
     weights are the files', the pushes since laid over them, and `spec.push` on top."""
     d = spec.model.deadlines
     info = VersionInfo(version=spec.version)
-    plan = plan_weights(
-        spec.model,
-        spec.overlays,
-        spec.weights_stat,
-        same_worker=worker is spec.serving and worker.alive,
-        restart=spec.mode == "restart",
-        push=spec.push,
-        serving_block=spec.serving_block.descriptor if spec.serving_block else None,
+    same_worker = worker is spec.serving and worker.alive
+    plan = (
+        spec.weights(same_worker)
+        if spec.weights
+        else plan_weights(
+            spec.model,
+            spec.overlays,
+            spec.weights_stat,
+            same_worker=same_worker,
+            restart=spec.mode == "restart",
+            push=spec.push,
+            serving_block=spec.serving_block.descriptor if spec.serving_block else None,
+        )
     )
     info.weights_stat, info.overlays = plan.stat, plan.overlays
     if plan.lost:
@@ -243,14 +267,31 @@ async def build(run: RunPhase, worker: Worker, spec: BuildSpec) -> VersionInfo:
             # its lazy inits and kernel choices are made (a CUDA one has a stream of its own)
             return Skipped("the serving module copied: warm already")
         iters = spec.model.warmup_iters
-        reply = worker.warm(WarmRequest("staged", iters, serving_elsewhere=elsewhere()))
+        # Newest first: `replay_shapes` keeps the most recently served (0: none).
+        shapes = replayable(spec.served(), info.input_form, info.inputs)
+        shapes = shapes[: spec.model.replay_shapes]
+        reply = worker.warm(
+            WarmRequest(
+                "staged",
+                iters,
+                serving_elsewhere=elsewhere(),
+                shapes=shapes,
+                replay_budget_s=d.warm_s * REPLAY_SHARE,
+            )
+        )
         try:  # progress lines while it runs; past warm_s, what to change (warm_progress.py)
             r = await wait_for_warm(worker, reply, deadline_s=d.warm_s, iters=iters, say=spec.say)
         except WarmDeadlineError as exc:
             raise PhaseFailed("warm", str(exc)) from None
         info.warm_s, info.warm_passes_ms = r.warm_s, r.passes_ms
+        info.compile = r.compile
+        info.notes.extend(f"warm-up at a served shape failed: {f}" for f in r.replay_failed)
         passes = ", ".join(f"{p:.1f}" for p in info.warm_passes_ms[:5])
-        return Ran(f"{len(info.warm_passes_ms)} pass(es): {passes} ms{paced(r)}")
+        replayed = f", {r.replayed} served shape(s)" if shapes else ""
+        compiled = f", {compile_text(r.compile)}" if r.compile else ""
+        return Ran(
+            f"{len(info.warm_passes_ms)} pass(es): {passes} ms{replayed}{compiled}{paced(r)}"
+        )
 
     async def smoke() -> Ran[None] | Skipped:
         r = await worker.smoke(
@@ -260,7 +301,7 @@ async def build(run: RunPhase, worker: Worker, spec: BuildSpec) -> VersionInfo:
         info.imports = tuple(sorted({*info.imports, *r.imports}))
         info.notes.extend(r.notes)
         sig = ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in info.outputs)
-        return Ran(sig + paced(r))
+        return Ran(sig + await golden_check(spec, info, r.golden, r.payload) + paced(r))
 
     await run("load", load, deadline_s=d.load_s, state=spec.load_state)
     await run("warm", warm, deadline_s=d.warm_s + 5, state=spec.warm_state)  # a backstop
@@ -314,13 +355,16 @@ async def in_band(
     deadlines: Deadlines,
     router: ModelRouter,
     install: Callable[[], None],
+    *,
+    version: int,
 ) -> None:
-    """gate, drain, sync, swap and release of a version built in the serving worker,
+    """gate, drain, sync, swap and release of `version`, built in the serving worker,
     without pausing admission. The swap goes to the worker's serving thread behind the
     requests already sent: when it runs they have all finished (the drain); the thread then
     polls the old version's streams to the sync deadline (the sync) and switches, and
     `install` points the model at the new version. New requests keep flowing meanwhile and
-    queue behind the swap, so serving never stops."""
+    queue behind the swap, so serving never stops. Streamed requests ahead of the swap
+    still running at the drain deadline (`drain_s`) are ended there (router.end_streams)."""
 
     drain_wait_s, sync_s, stop_s = deadlines.drain_wait_s, deadlines.sync_s, deadlines.stop_s
 
@@ -328,11 +372,26 @@ async def in_band(
         return Skipped("in-band swap: admission stays open")
 
     async def drain() -> Ran[SyncReply]:
-        n = router.inflight
+        n = ahead = 0  # what the swap queues behind: read as its frame is sent
+
+        async def swap_behind() -> SwapReply:
+            nonlocal n, ahead
+            # Read in the task, in the turn its frame is submitted (`swap` sends before
+            # it first waits): a reply landing between the task's creation and its first
+            # step pumps a queued stream ahead of the swap, which must count as ahead.
+            n, ahead = router.inflight, router.sent
+            request = SwapRequest(inband=True, sync_deadline_s=sync_s)
+            return await worker.swap(request, drain_wait_s + sync_s)
+
+        swapping = asyncio.ensure_future(swap_behind())
+        ended = 0
         try:
-            swapped = await worker.swap(
-                SwapRequest(inband=True, sync_deadline_s=sync_s), drain_wait_s + sync_s
-            )
+            if not (await asyncio.wait({swapping}, timeout=deadlines.drain_s))[0]:
+                # The swap waits on the serving thread, so a stream ahead of it ends here:
+                # its client is told the reload, the swap runs at its next token.
+                drain_s = deadlines.drain_s
+                ended = router.end_streams(version, drain_s, worker=worker, sent_up_to=ahead)
+            swapped = await swapping
         except TimeoutError:
             raise Wedged(
                 "drain",
@@ -343,8 +402,11 @@ async def in_band(
             if exc.code == "streams_busy":
                 raise Wedged("sync", str(exc)) from None
             raise
+        finally:
+            swapping.cancel()  # done already, or the job was cancelled: no swap left behind
         polled = swapped.sync or SyncReply(skipped=True, reason="not reported")
-        return Ran(f"{n} request(s) in flight finished before the swap", polled)
+        done = f"{n} request(s) in flight finished before the swap"
+        return Ran(done + ended_text(ended, deadlines), polled)
 
     async def sync(r: SyncReply) -> Ran[None] | Skipped:
         if r.skipped:
@@ -360,6 +422,24 @@ async def in_band(
     await run("sync", lambda: sync(drained.value))
     await run("swap", swap)
     await run("release", lambda: release(worker, "retired", stop_s))
+
+
+async def drain_streams(
+    wait: Callable[[float], Awaitable[bool]], d: Deadlines, end_streams: Callable[[], int]
+) -> tuple[bool, int]:
+    """Wait for the requests in flight to the drain deadline, `drain_wait_s`, ending the
+    streamed ones still running at `drain_s`: a stream can stop at any token (its client is
+    told the reload, router.end_streams), a forward cannot (it has until forward_s). Whether
+    all finished, and how many streams were ended."""
+    if await wait(min(d.drain_s, d.drain_wait_s)):
+        return True, 0
+    ended = end_streams()
+    left = d.drain_wait_s - d.drain_s
+    return await wait(max(left, STREAM_END_S) if ended else left), ended
+
+
+def ended_text(ended: int, d: Deadlines) -> str:
+    return f"; {ended} stream(s) ended at the {d.drain_s:g} s drain deadline" if ended else ""
 
 
 async def offload(worker: Worker, stop_s: float) -> Ran[None]:
@@ -446,6 +526,7 @@ def make_spec(
     job: Any = None,
     push: Overlay | None = None,
     events: EventBus | None = None,
+    golden_dir: Path | None = None,
 ) -> BuildSpec:
     """What the next build needs from a model's record. `mode`: "start", "restart", "cold",
     "reload" or "push_elsewhere" (a push built in another worker: the serving version's code
@@ -485,13 +566,74 @@ def make_spec(
         serving_block=current.block if current is not None else None,
         push=push,
         previous_outputs=current.outputs if current is not None and mode != "restart" else None,
+        previous_golden=current.golden if current is not None and mode != "restart" else None,
+        previous_version=current.version if current is not None else None,
+        golden_dir=golden_dir if mode != "restart" else None,
         load_state=load_state,
         warm_state=warm_state,
         serving_busy=serving_busy,
         say=(lambda m: events.emit(ModelNote(model=model.name, message=m)))
         if events
         else say_nothing,
+        served=router.served.recent,
     )
+
+
+async def golden_check(
+    spec: BuildSpec, info: VersionInfo, wire: dict[str, Any] | None, payload: Any = None
+) -> str:
+    """The new version's golden outputs (`wire`, their bytes in `payload`) compared with the
+    serving version's (the smoke phase's detail says how), kept in `spec.golden_dir`;
+    PhaseFailed when `expect = "same"` and they changed: the serving version serves on.
+    The store only serves `hotreload diff`: a write that fails is a note, never a failed
+    build; anything else that goes wrong here fails the smoke phase, saying what."""
+
+    def read_and_compare() -> tuple[GoldenSet, dict[str, Any] | None]:
+        got = golden.from_wire(wire or {}, payload)
+        sent = any(o is not None for o in got.outputs) or got.texts
+        if spec.previous_golden is None or not sent:  # none sent: the worker's note says why
+            return got, None
+        return got, golden.compare(
+            spec.previous_golden,
+            got,
+            tolerance=spec.model.tolerance,
+            old_version=spec.previous_version,
+            new_version=spec.version,
+        )
+
+    async def keep(write: Callable[..., None], *args: Any) -> None:
+        # OSError (a full disk, permissions) is a note: `hotreload diff` misses this
+        # version, the build goes on. The folder, not a temporary file: one note each time.
+        try:
+            await asyncio.to_thread(write, *args)
+        except OSError as exc:
+            info.notes.append(
+                f"golden outputs not kept for `hotreload diff` in {spec.golden_dir} "
+                f"({exc.strerror or exc}); free space, or make that folder writable"
+            )
+
+    store = golden.GoldenStore(spec.golden_dir) if spec.golden_dir is not None else None
+    try:
+        if store is not None and spec.mode == "start":
+            # Version numbers restart with each session: the files of the last one go.
+            await keep(store.begin_session, golden.session_marker())
+        if wire is None:
+            return ""
+        # Off the loop: 16 MiB of outputs took ~0.7 s to read and compare on it.
+        info.golden, diff = await asyncio.to_thread(read_and_compare)
+        if diff is not None:
+            if spec.model.expect == "same" and not diff["same"]:
+                raise PhaseFailed("smoke", golden.refusal(diff))
+            info.golden_diff = diff
+        if store is not None:
+            await keep(store.save, spec.version, info.golden)
+        return f"; {golden.summary(info.golden_diff)}" if info.golden_diff else ""
+    except PhaseFailed:
+        raise
+    except Exception as exc:
+        raise PhaseFailed(
+            "smoke", f"golden outputs could not be compared: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def say_nothing(message: str) -> None:

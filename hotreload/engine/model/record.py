@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hotreload.engine.model.jobs import ReloadOutcome
+    from hotreload.engine.model.kept_versions import KeptVersion
     from hotreload.engine.model.pushes import Overlay, WeightsBlock
     from hotreload.engine.snapshots import Snapshot
     from hotreload.engine.worker_port import Worker
@@ -65,6 +66,16 @@ class VersionInfo:
     imports: tuple[str, ...] = ()
     #: Installed modules its build imported (a fresh standby imports them ahead of time).
     libraries: tuple[str, ...] = ()
+    #: What torch.compile did in its warm phase (WarmReply.compile; None: eager).
+    compile: dict[str, Any] | None = None
+    #: Its answers to the golden inputs (engine/golden.py GoldenSet; None: not run).
+    golden: Any = None
+    #: How they differ from the version it replaced (golden.compare; None: nothing to
+    #: compare with, a first version or a restart).
+    golden_diff: dict[str, Any] | None = None
+    #: Its eval (engine/model/evals.py): {"version", "figures", "eval_s"} or {"version",
+    #: "error"}; None: no eval configured, or not run yet.
+    eval: dict[str, Any] | None = None
 
 
 @dataclass
@@ -92,6 +103,9 @@ class ModelRecord:
     #: The snapshot taken for the last start or reload: its build compiles the user's code
     #: from the copies there, the code on disk when it started (worker/fresh_source.py).
     build_snapshot: Snapshot | None = None
+    #: The last good versions, oldest first, the serving one last (`keep_versions` of
+    #: them): what `hotreload rollback` builds again (kept_versions.py).
+    kept: list[KeptVersion] = field(default_factory=list)
     #: Every reload's outcome, oldest first.
     history: list[ReloadOutcome] = field(default_factory=list)
     #: Weights pushed since the weights files last changed, oldest first: every build lays
@@ -166,3 +180,5 @@ class ModelView:
     text: dict[str, Any]
     #: The serving version's peft adapters (VersionInfo.adapters; None: none declared).
     adapters: dict[str, Any] | None = None
+    #: torch.compile in the serving version's warm phase (VersionInfo.compile).
+    compile: dict[str, Any] | None = None

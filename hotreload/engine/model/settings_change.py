@@ -49,6 +49,15 @@ LIVE_KEYS = frozenset(
         "ignore",
         "recycle",
         "warmup_iters",
+        # The engine compares each build's golden outputs (engine/golden.py) with them.
+        "expect",
+        "tolerance",
+        # Read when a version is kept (engine/model/kept_versions.py): fewer drops the oldest then.
+        "keep_versions",
+        # Read by each build's warm phase (engine/model/phases.py).
+        "replay_shapes",
+        # The engine's deadline for each eval (engine/model/evals.py).
+        "eval_timeout_s",
     }
 )
 

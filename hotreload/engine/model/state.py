@@ -31,7 +31,7 @@ from hotreload.engine.event_kinds import (
 from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
-from hotreload.engine.model import phases, pushes, snapshot_keeper, unchanged
+from hotreload.engine.model import kept_versions, phases, pushes, snapshot_keeper, unchanged
 from hotreload.engine.model.jobs import PhaseFailed, Ran, ReloadOutcome
 from hotreload.engine.model.phases import PhaseClock, RunPhase
 from hotreload.engine.model.record import ModelRecord, ModelView, VersionInfo
@@ -65,6 +65,8 @@ class ModelState:
         #: While a reload tries new settings: the ones before, the worker they serve in,
         #: and the settings on trial (a live edit meanwhile replaces them: it stays).
         self._trial: tuple[ModelConfig, IgnoreRules, Worker | None, ModelConfig] | None = None
+        #: The kept pushes' copy to disk under way (spill_soon), off the job loop.
+        self._spill: asyncio.Task[None] | None = None
 
     def use_settings(self, model: ModelConfig, ignore: IgnoreRules) -> None:
         """Settings edited while the model serves (settings_change.py): builds, spawns and
@@ -151,6 +153,7 @@ class ModelState:
             requests=router.counters.as_dict(),
             text=router.text_stats.summary(),
             adapters=cur.adapters if cur else None,
+            compile=cur.compile if cur else None,
         )
 
     # ------------------------------------------------------------------ which worker serves
@@ -180,8 +183,8 @@ class ModelState:
         # The weights it serves: the files as it found them and the pushes it holds; pushes
         # no version needs any more (the files changed since) let go of their memory.
         for overlay in rec.overlays:
-            if overlay not in info.overlays:
-                overlay.close()
+            if overlay not in info.overlays and not kept_versions.holds(rec.kept, overlay):
+                overlay.close()  # a kept version's pushes stay: a rollback lays them again
         rec.overlays, rec.weights_stat = list(info.overlays), info.weights_stat
         if previous is not worker:  # an in-place reload keeps its place
             self.workers.place(worker, serving=True)
@@ -269,7 +272,18 @@ class ModelState:
             return outcome
         change = inputs_change(inputs_before, current.inputs) if inputs_before and current else None
         same = outcome.detail[-1] if outcome.unchanged and outcome.detail else None
-        self.events.emit(ReloadDone(**fields, inputs_changed=change, unchanged=same))
+        built = current.compile if current is not None and not outcome.unchanged else None
+        diff = current.golden_diff if current is not None and not outcome.unchanged else None
+        self.events.emit(
+            ReloadDone(
+                **fields,
+                inputs_changed=change,
+                unchanged=same,
+                compile=built,
+                golden=diff,
+                rollback_of=outcome.rollback_of,
+            )
+        )
         return outcome
 
     def serve_on(self) -> None:
@@ -326,13 +340,100 @@ class ModelState:
         self.record.build_snapshot = taken  # the build reads the code from it
         return taken
 
-    async def promote(self, snapshot: Snapshot | None) -> None:
-        """`snapshot`'s version serves now: a restart comes back on it."""
-        old, self.record.good_snapshot = self.record.good_snapshot, snapshot
-        await snapshot_keeper.discard(snapshot_keeper.replaced(old, snapshot))
+    async def promote(
+        self, snapshot: Snapshot | None, trigger: str = "start", rollback_of: int | None = None
+    ) -> None:
+        """`snapshot`'s version serves now: a restart comes back on it, and it is kept for a
+        rollback (`keep_versions`); the snapshots no kept version holds any more go."""
+        rec = self.record
+        old, rec.good_snapshot = rec.good_snapshot, snapshot
+        gone = self.keep_version(trigger, rollback_of)
+        replaced = snapshot_keeper.replaced(old, snapshot)
+        if replaced is not None and all(k.snapshot.folder != replaced.folder for k in rec.kept):
+            gone.append(replaced)
+        for unused in gone:
+            await snapshot_keeper.discard(unused)
         self.record.weights_sha = await asyncio.to_thread(
             unchanged.weights_sha, self.model, self.record.weights_stat, self.record.weights_sha
         )
+
+    def keep_version(self, trigger: str, rollback_of: int | None = None) -> list[Snapshot]:
+        """The serving version joins the kept ones (kept_versions.py), if a snapshot holds
+        its files; returns the snapshots no kept version holds any more. The pushes of the
+        versions dropped that nothing serves or keeps let go of their memory."""
+        rec = self.record
+        if rec.current is None or rec.good_snapshot is None:
+            return []
+        entry = kept_versions.KeptVersion(
+            rec.version, rec.good_snapshot, tuple(rec.overlays), rec.weights_stat,
+            rec.current.digest, trigger, rollback_of, self.model,
+        )  # fmt: skip
+        rec.kept, dropped = kept_versions.kept_after(rec.kept, entry, self.model.keep_versions)
+        for k in dropped:
+            for overlay in k.overlays:
+                if overlay not in rec.overlays and not kept_versions.holds(rec.kept, overlay):
+                    overlay.close()
+        for spilled in kept_versions.unused_spills(dropped, rec.kept):
+            spilled.unlink(missing_ok=True)  # a push only dropped versions held
+        in_use = (rec.good_snapshot, rec.build_snapshot)
+        return kept_versions.unused_snapshots(dropped, rec.kept, *in_use)
+
+    def note_eval(
+        self, info: VersionInfo, outcome: ReloadOutcome | None, result: dict[str, Any]
+    ) -> None:
+        """A version's eval (evals.py): on the version, and on the history row that made it."""
+        info.eval = result
+        if outcome is not None:
+            outcome.eval = result
+
+    def spill_soon(self) -> None:
+        """`spill_kept` as a task beside the job loop (a copy of a large push takes a while):
+        the next job awaits it first (`spilled`), before it changes what is kept."""
+        if self._spill is None or self._spill.done():
+            self._spill = asyncio.create_task(self.spill_kept(), name=f"spill-{self.name}")
+
+    async def spilled(self) -> None:
+        """Until the spill under way (`spill_soon`), if any, has ended."""
+        if self._spill is not None:
+            await asyncio.wait([self._spill])
+            self._spill = None
+
+    async def spill_kept(self) -> None:
+        """Kept pushes no serving version holds go to disk and let go of their memory
+        (kept_versions.spill); one that cannot be written stays in memory, said once. With
+        too little free disk (kept_versions.NoRoom) the kept versions that hold it are
+        dropped, oldest first, said so: neither the disk nor memory fills up."""
+        for overlay, folder in kept_versions.unheld_pushes(self.record.kept, self.record.overlays):
+            try:
+                await asyncio.to_thread(kept_versions.spill, overlay, folder)
+            except kept_versions.NoRoom as exc:
+                await self._drop_kept_holding(overlay, str(exc))
+            except OSError as exc:
+                self.events.emit_once(
+                    ModelNote(
+                        model=self.name,
+                        message=f"push #{overlay.id} kept in memory for a rollback: its copy "
+                        f"to {folder} failed ({exc})",
+                    )
+                )
+
+    async def _drop_kept_holding(self, overlay: pushes.Overlay, why: str) -> None:
+        """The kept versions holding `overlay` (none serves) go, its memory with them."""
+        rec = self.record
+        dropped = [k for k in rec.kept if overlay in k.overlays]
+        rec.kept = [k for k in rec.kept if overlay not in k.overlays]
+        overlay.close()
+        names = ", ".join(f"v{k.version}" for k in dropped)
+        self.events.emit(
+            ModelNote(
+                model=self.name,
+                message=f"{names} no longer kept for a rollback: push #{overlay.id} they hold "
+                f"cannot be copied to disk ({why}); free disk space or lower keep_versions",
+            )
+        )
+        in_use = (rec.good_snapshot, rec.build_snapshot)
+        for unused in kept_versions.unused_snapshots(dropped, rec.kept, *in_use):
+            await snapshot_keeper.discard(unused)
 
     async def settle_digest(self, run: RunPhase) -> None:
         """After the swap: the serving version's digest, which its worker hashed in the
@@ -402,7 +503,12 @@ class ModelState:
         """Stop serving (repository API `unload`): gate, drain, stop the worker."""
         d = self.model.deadlines
         self.close_gate()
-        await self.router.drain(d.drain_wait_s)
+        # Streams still running at drain_s end naming the unload, as at a reload (else they
+        # held it to drain_wait_s, and their clients read that their worker failed).
+        why = "model unloading; load it to serve again"
+        await phases.drain_streams(
+            self.router.drain, d, lambda: self.router.end_streams(0, d.drain_s, why=why)
+        )
         self.fail_queued(WorkerUnavailableError(f"model {self.name!r} was unloaded"))
         worker = self.unserve(f"model {self.name!r} is unloaded; load it to serve again")
         if worker is not None:
@@ -423,11 +529,15 @@ class ModelState:
             await asyncio.sleep(0.01)
         self.close_gate()
         await router.drain(max(0.0, deadline - time.monotonic()))
+        why = "server shutting down"
+        if router.end_streams(0, timeout, why=why):
+            # Told the shutdown, not that their worker failed: they stop at their next token.
+            await router.drain(phases.STREAM_END_S)
         self.fail_queued(WorkerUnavailableError(f"model {self.name!r}: server is shutting down"))
         if rec.serving is not None:
             await rec.serving.end(self.model.deadlines.stop_s)
         self.set_state("stopped")
-        for overlay in rec.overlays:
+        for overlay in [*rec.overlays, *(o for k in rec.kept for o in k.overlays)]:
             overlay.close()
         if rec.current is not None and rec.current.block is not None:
             rec.current.block.close()

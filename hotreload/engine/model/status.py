@@ -16,7 +16,17 @@ from hotreload.engine.worker_port import Worker, WorkerDied, WorkerReplyError
 from hotreload.protocol.messages import StatusReply, StatusRequest
 
 #: The serving worker's own figures passed on in `status()["worker"]`.
-WORKER_FIELDS = ("rss_bytes", "allocator", "served", "failed", "threads", "torch", "streams")
+WORKER_FIELDS = (
+    "rss_bytes",
+    "allocator",
+    "served",
+    "failed",
+    "threads",
+    "torch",
+    "streams",
+    # Requests whose forward compiled (torch.compile) on the serving path.
+    "serving_compiles",
+)
 
 
 class WorkerFigures:
@@ -73,6 +83,17 @@ def model_status(
         "pushes": len(current.overlays) if current else 0,
         # peft adapters: the default, the base's digest and each adapter's (None: none).
         "adapters": current.adapters if current else None,
+        # torch.compile in the serving version's warm phase (None: an eager model), and
+        # the served signatures its next build's warm phase replays.
+        "compile": current.compile if current else None,
+        "served_shapes": len(router.served),
+        # How the serving version's golden outputs differ from the version it replaced
+        # (engine/golden.py `compare`; None: nothing compared, a first version or a restart).
+        "golden": current.golden_diff if current else None,
+        # The serving version's eval (engine/model/evals.py): figures or its error.
+        "eval": current.eval if current else None,
+        # What `hotreload rollback` can serve again (engine/model/kept_versions.py).
+        "kept_versions": [k.version for k in rec.kept],
         "inputs": router.input_signature,
         "input_form": router.input_form,
         **router.snapshot(),

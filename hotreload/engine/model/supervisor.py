@@ -32,8 +32,11 @@ from hotreload.engine.events import EventBus
 from hotreload.engine.ignore import IgnoreRules
 from hotreload.engine.locks import DeviceLocks
 from hotreload.engine.model import (
+    evals,
     phases,
     pushes,
+    rollback,
+    save,
     settings_change,
     snapshot_keeper,
     swaps,
@@ -59,6 +62,8 @@ from hotreload.engine.model.policy import choose_policy
 from hotreload.engine.model.record import ModelRecord, ModelView
 from hotreload.engine.model.recovery import Escalate, Recovery
 from hotreload.engine.model.respawn import Respawn
+from hotreload.engine.model.rollback import RollbackJob
+from hotreload.engine.model.save import SaveJob
 from hotreload.engine.model.standby import StandbyKeeper
 from hotreload.engine.model.state import ModelState
 from hotreload.engine.model.status import WorkerFigures, model_status
@@ -108,6 +113,8 @@ class ModelSupervisor:
         self.standby = StandbyKeeper(self.st, self.workers, config.root, self.respawn)
         # Between jobs: the next standby starts (strategy respawn), never beside a build.
         self.jobs = JobLoop(model.name, self._run, self.standby.start_soon)
+        #: Each new version's eval: a task beside the job loop (evals.py), never in a job.
+        self.evals = evals.Evals()
 
     # ------------------------------------------------------------------ read-only views
 
@@ -206,6 +213,18 @@ class ModelSupervisor:
         digest, adapters = (cur.digest, cur.adapters) if cur else (None, None)
         return {"version": outcome.version, "digest": digest, "adapters": adapters}
 
+    async def rollback(self, version: int | None = None) -> ReloadOutcome:
+        """Serve kept version `version` again (None: the one before the serving one) as the
+        next version (rollback.py); BadRequestError when it is not kept."""
+        if self.jobs.closed:
+            return self.not_run("rollback", [], "the session is stopping; nothing was rolled back")
+        return await asyncio.shield(self.submit(RollbackJob(version=version)).future)
+
+    async def save(self, folder: Path, *, force: bool = False) -> dict[str, Any]:
+        """Write the serving version's weights into `folder` (save.py): what was written.
+        A folder with files in it is refused unless `force` (its files may be overwritten)."""
+        return await asyncio.shield(self.submit(SaveJob(folder=folder, force=force)).future)
+
     async def wait_version(self, version: int, timeout_s: float) -> int:
         """The serving version once it is `version` or later (bounded by `timeout_s`)."""
         return await self.router.wait_version(version, timeout_s)
@@ -258,14 +277,23 @@ class ModelSupervisor:
 
     async def _run(self, job: Job) -> None:
         try:
+            # The last job's spill (state.spill_soon) ends before a job changes what is kept.
+            await self.st.spilled()
             if isinstance(job, StartJob):
                 await self._start()
+                job.settle()
+                return self.evals.after(self, None)  # answered first: the eval follows
             elif isinstance(job, ReloadJob) and job.settings is not None:
-                return job.settle(await settings_change.reload_with(self, job, self._reload))
+                outcome = await settings_change.reload_with(self, job, self._reload)
+                return await self._settled(job, outcome)
             elif isinstance(job, ReloadJob):
-                return job.settle(await self._reload(job, self.strategy))
+                return await self._settled(job, await self._reload(job, self.strategy))
             elif isinstance(job, PushJob):
-                return job.settle(await self._push(job))
+                return await self._settled(job, await self._push(job))
+            elif isinstance(job, RollbackJob):
+                return await self._settled(job, await rollback.run(self, job))
+            elif isinstance(job, SaveJob):
+                return job.settle(await save.run(self, job))
             elif isinstance(job, RestartJob):
                 await self.recovery.run_job(job)
             elif isinstance(job, UnloadJob):
@@ -276,6 +304,14 @@ class ModelSupervisor:
             raise
         except BaseException as exc:
             job.settle(error=exc)
+
+    async def _settled(self, job: Job, outcome: ReloadOutcome) -> None:
+        """The job's outcome to whoever asked, then, beside the job loop (the watchdog and
+        the next job never wait for them), the kept pushes no version serves to disk
+        (kept_versions.py) and the new version's eval (evals.py)."""
+        job.settle(outcome)
+        self.st.spill_soon()
+        self.evals.after(self, outcome)
 
     # ------------------------------------------------------------------ start
 
@@ -364,7 +400,7 @@ class ModelSupervisor:
                 outcome.version, built = self.version, outcome.ok and not outcome.unchanged
                 if built:
                     await st.settle_digest(run)
-                    await st.promote(candidate)
+                    await st.promote(candidate, job.trigger)
                 if self.recovery.lost() and not locked:  # its restart builds: it locks
                     await lock.enter_async_context(st.device_lock(self.locks))
                 await self.recovery.restart_if_lost(outcome)
@@ -472,6 +508,7 @@ class ModelSupervisor:
                 outcome.version = self.version
                 if outcome.ok:
                     await self.st.settle_digest(run)  # a push changes no file: the snapshot holds
+                    await self.st.promote(self.record.good_snapshot, "push")  # kept, its pushes too
                 await self.recovery.restart_if_lost(outcome)
         except Exception as exc:
             outcome = ReloadOutcome.internal_error(self.name, self.version, job, exc)
@@ -492,7 +529,14 @@ class ModelSupervisor:
 
     def _spec(self, mode: str, *, job: Any = None, push: Any = None) -> BuildSpec:
         root, rec = self.config.root, self.record
-        return make_spec(self.model, root, rec, self.router, mode, job, push, self.events)
+        golden_dir = self.config.state_dir / "golden" / self.model.name  # `hotreload diff`
+        if isinstance(job, RollbackJob):  # a kept version's code and weights (rollback.py)
+            base = make_spec(self.model, root, rec, self.router, mode, None, None, self.events,
+                             golden_dir)  # fmt: skip
+            return rollback.spec(base, self, job)
+        return make_spec(
+            self.model, root, rec, self.router, mode, job, push, self.events, golden_dir
+        )
 
     # ------------------------------------------------------------------ stop, status
 
@@ -503,6 +547,8 @@ class ModelSupervisor:
         for job in await self.jobs.close():
             self._settle_stopped(job)
         await self.recovery.close()
+        await self.evals.close()
+        await self.st.spilled()  # its thread reads push memory drain_and_stop lets go of
         await self.standby.close()
         await self.st.drain_and_stop(drain_timeout_s)
 
@@ -512,6 +558,11 @@ class ModelSupervisor:
             job.settle(self.not_run(trigger, job.detail, STOPPED))
         else:
             job.settle(error=WorkerUnavailableError(f"model {self.name!r}: {STOPPED}"))
+
+    @property
+    def last_worker_status(self) -> StatusReply | None:
+        """The serving worker's figures as last read (status, the dashboard), unasked."""
+        return self._figures.last
 
     async def worker_status(
         self, timeout_s: float = 1.0, max_age_s: float = 0.0

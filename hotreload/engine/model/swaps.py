@@ -18,6 +18,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from hotreload.config.models import Deadlines
 from hotreload.engine import event_kinds
 from hotreload.engine.event_kinds import RestoreFailed
 from hotreload.engine.model import phases
@@ -49,7 +50,9 @@ async def swap_in(
         install = functools.partial(
             st.install, built.worker, built.info, announce=False, open_gate=False
         )
-        await phases.in_band(run, built.worker, st.model.deadlines, st.router, install)
+        await phases.in_band(
+            run, built.worker, st.model.deadlines, st.router, install, version=built.info.version
+        )
         return None
     new, router, d = built.worker, st.router, st.model.deadlines
 
@@ -67,7 +70,11 @@ async def swap_in(
             await run(
                 "drain",
                 lambda: drain(
-                    router.drain_previous, lambda: router.draining, d.drain_wait_s, "old worker"
+                    router.drain_previous,
+                    lambda: router.draining,
+                    d,
+                    lambda: router.end_streams(built.info.version, d.drain_s, worker=old),
+                    "old worker",
                 ),
             )
             # Its requests done on the serving CPUs (moved now, they would wait for a CPU
@@ -89,19 +96,23 @@ async def swap_in(
 async def drain(
     wait: Callable[[float], Awaitable[bool]],
     running: Callable[[], int],
-    drain_wait_s: float,
+    d: Deadlines,
+    end_streams: Callable[[], int],
     on: str | None = None,
 ) -> Ran[None]:
     """The drain phase: wait, to the drain deadline, for the requests in flight (`on` the
-    old worker of a hand-over); past it a forward is hung and the worker wedged."""
+    old worker of a hand-over); past it a forward is hung and the worker wedged. Streams
+    still running at `drain_s` are ended (`end_streams`, phases.drain_streams)."""
     n, where = running(), f" on the {on}" if on else ""
-    if not await wait(drain_wait_s):
+    drained, ended = await phases.drain_streams(wait, d, end_streams)
+    if not drained:
         raise Wedged(
             "drain",
-            f"{running()} request(s) still running{where} after the {drain_wait_s:g} s "
+            f"{running()} request(s) still running{where} after the {d.drain_wait_s:g} s "
             "drain deadline: a forward is hung",
         )
-    return Ran(f"{n} request(s) finished{where}" if on else f"{n} request(s) in flight")
+    done = f"{n} request(s) finished{where}" if on else f"{n} request(s) in flight"
+    return Ran(done + phases.ended_text(ended, d))
 
 
 async def quiesce(run: RunPhase, st: ModelState, worker: Worker) -> None:
@@ -112,7 +123,12 @@ async def quiesce(run: RunPhase, st: ModelState, worker: Worker) -> None:
         st.close_gate()
 
     await run("gate", gate, state="draining")
-    await run("drain", lambda: drain(router.drain, lambda: router.inflight, d.drain_wait_s))
+    to = st.record.next_version  # what a stream ended at the drain deadline is told
+
+    def end_streams() -> int:
+        return router.end_streams(to, d.drain_s)
+
+    await run("drain", lambda: drain(router.drain, lambda: router.inflight, d, end_streams))
     await run("sync", lambda: phases.sync(worker, d.sync_s))
 
 
