@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--p99-ms", type=float, metavar="MS", help="fail when p99 over a burst exceeds MS"
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument(
+        "--openai",
+        action="store_true",
+        help="instead: run the OpenAI-compatible clients (openai-python, Open WebUI's model "
+        "list, lm-eval) against each generator and say which would break and why",
+    )
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser(
@@ -314,7 +320,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from hotreload.commands.check import check_main
 
     return check_main(
-        args.config, model=args.model, reloads=args.reloads, as_json=args.json, p99_ms=args.p99_ms
+        args.config,
+        model=args.model,
+        reloads=args.reloads,
+        as_json=args.json,
+        p99_ms=args.p99_ms,
+        openai=args.openai,
     )
 
 

@@ -70,6 +70,7 @@ REAL_FILES = (
     "hardening/test_unchanged_reload.py",
     "http/test_adapters_http.py",
     "http/test_chat.py",
+    "http/test_check_openai.py",
     "http/test_completions.py",
     "http/test_eval_harness.py",
     "http/test_exact_answers.py",

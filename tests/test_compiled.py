@@ -423,6 +423,14 @@ def test_the_compile_cache_drops_its_oldest_files_past_its_size(tmp_path: Path) 
     env: dict[str, str] = {}
     assert compile_watch.use_cache_dir({"compile_cache": str(cache)}, env) == str(cache)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    # Inherited (torch's shared default, written into os.environ by any earlier compile in
+    # the parent process): the model's folder still wins.
+    env = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_someone"}
+    assert compile_watch.use_cache_dir({"compile_cache": str(cache)}, env) == str(cache)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    # Set in the model's own `env`: the user's choice wins.
+    mine = {"compile_cache": str(cache), "env": {"TORCHINDUCTOR_CACHE_DIR": "/data/ind"}}
+    assert compile_watch.use_cache_dir(mine, {}) == "/data/ind"
 
 
 def test_a_user_strip_prefix_also_strips_the_compiled_wrappers_names() -> None:

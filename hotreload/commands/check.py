@@ -422,7 +422,20 @@ def check_main(
     reloads: int | None = None,
     as_json: bool = False,
     p99_ms: float | None = None,
+    openai: bool = False,
 ) -> int:
+    if openai:
+        if reloads is not None or p99_ms is not None:
+            print(
+                "hotreload check: --openai runs the client steps only; drop --reloads and "
+                "--p99-ms, or run them in a separate `hotreload check`",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        # Imported here: the client self-test is a module of its own (openai loads lazily).
+        from hotreload.commands.check_openai import check_openai_main
+
+        return check_openai_main(config_path, model=model, as_json=as_json)
     try:
         config = load_config(config_path)
         models = [config.model(model)] if model else list(config.models)

@@ -118,11 +118,15 @@ def use_cache_dir(spec: dict[str, Any], environ: dict[str, str]) -> str | None:
     """Point Inductor's caches (FX graph, AOTAutograd, kernels) at the model's folder in the
     session's state (`spec["compile_cache"]`), so a new worker, a restart and a reverted
     edit find the compiled code again. A TORCHINDUCTOR_CACHE_DIR the user set in the
-    model's `env` wins. Inductor reads the variable at each compile, so setting it before
-    the first build is enough."""
+    model's `env` wins; one merely inherited from the process that started the session
+    does not: torch writes its default (/tmp/torchinductor_<user>) into os.environ the
+    first time anything compiles in a process, so an inherited value is usually that
+    shared default, where other projects' graphs would be read as this model's. Inductor
+    reads the variable at each compile, so setting it before the first build is enough."""
     folder = spec.get("compile_cache")
-    if not folder or environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return environ.get("TORCHINDUCTOR_CACHE_DIR")
+    own = (spec.get("env") or {}).get("TORCHINDUCTOR_CACHE_DIR")
+    if not folder or own:
+        return own or environ.get("TORCHINDUCTOR_CACHE_DIR")
     environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     # Every code edit adds its graphs and kernels: bounded at each worker's start (a
     # session, a restart, a respawn), before this worker compiles anything.
