@@ -11,7 +11,7 @@ import torch
 
 from hotreload import Client
 from tests.support import make_project
-from tests.test_training_hf import CONFIG, LLAMA, Tokens
+from tests.test_training_hf import CONFIG, LLAMA, tiny_llama, train
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -37,31 +37,9 @@ def test_a_trainer_logs_the_eval_figures_of_the_versions_it_pushed(tmp_path: Pat
         files={"llama.py": LLAMA, "evals.py": EVALS},
     )
     serve(config)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-            use_cache=False,
-        )
-    )  # fmt: skip
+    model = tiny_llama()
     push = HotreloadPush(model="llm", every_n_steps=4, config=config, timeout_s=60)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=8,
-        per_device_train_batch_size=2,
-        learning_rate=1e-2,
-        logging_steps=4,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-    trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(16), callbacks=[push]
-    )
-    trainer.train()
+    trainer = train(model, push, tmp_path / "out", steps=8, rows=16)
 
     assert push.errors == [] and push.eval_errors == []
     last = push.served[-1][1]

@@ -61,24 +61,24 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
-def test_a_trainer_pushes_every_n_steps_and_logs_what_serves(tmp_path: Path, serve) -> None:  # type: ignore[no-untyped-def]
-    from hotreload.training import HotreloadPush
-
-    torch.set_num_threads(1)  # two cores: the trainer and the served model, one each
-    config = make_project(tmp_path, config=CONFIG, files={"llama.py": LLAMA})
-    serve(config)
+def tiny_llama() -> Any:
+    """A 2-layer Llama from its config, seeded: the model a trainer pushes from."""
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(
+    return transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
             vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
             use_cache=False,
         )
     )  # fmt: skip
-    push = HotreloadPush(model="llm", every_n_steps=4, config=config, timeout_s=60)
+
+
+def train(model: Any, push: Any, out: Path, *, steps: int, rows: int) -> Any:
+    """`steps` Trainer steps on CPU of `rows` token rows, with `push` as its callback; the
+    Trainer (its log history)."""
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=12,
+        output_dir=str(out),
+        max_steps=steps,
         per_device_train_batch_size=2,
         learning_rate=1e-2,
         logging_steps=4,
@@ -89,9 +89,21 @@ def test_a_trainer_pushes_every_n_steps_and_logs_what_serves(tmp_path: Path, ser
         dataloader_num_workers=0,
     )
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(32), callbacks=[push]
+        model=model, args=args, train_dataset=Tokens(rows), callbacks=[push]
     )
     trainer.train()
+    return trainer
+
+
+def test_a_trainer_pushes_every_n_steps_and_logs_what_serves(tmp_path: Path, serve) -> None:  # type: ignore[no-untyped-def]
+    from hotreload.training import HotreloadPush
+
+    torch.set_num_threads(1)  # two cores: the trainer and the served model, one each
+    config = make_project(tmp_path, config=CONFIG, files={"llama.py": LLAMA})
+    serve(config)
+    model = tiny_llama()
+    push = HotreloadPush(model="llm", every_n_steps=4, config=config, timeout_s=60)
+    trainer = train(model, push, tmp_path / "out", steps=12, rows=32)
 
     assert push.errors == []
     # Pushes at steps 4, 8, 12 (the end waits for that of step 12): each served, or gave

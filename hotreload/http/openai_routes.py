@@ -18,6 +18,7 @@ objects (http/replies.py), so the `openai` SDK's exception says what to fix.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -176,29 +177,33 @@ class TextRoutes:
     # ------------------------------------------------------------------ routes
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(
+            request, "completion", c.completion_request, c.completion_response
+        )
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, "chat", chat.chat_request, chat.chat_response)
+
+    async def _openai(
+        self,
+        request: web.Request,
+        kind: str,
+        parse: Callable[[dict[str, Any]], dict[str, Any]],
+        respond: Callable[[str, dict[str, Any]], dict[str, Any]],
+    ) -> web.StreamResponse:
+        """One OpenAI route: its body parsed into the worker's text request, then answered
+        whole or streamed as `kind`'s chunks."""
         doc = await self._doc(request)
         # "llm:a" names adapter "a" of model "llm" (what lm-eval's model= can carry).
         name, adapter = adapter_choice.split_model(doc.get("model"), doc)
         host = self._generator(name)
-        text = adapter_choice.with_adapter(self._parsed(c.completion_request, doc, host), adapter)
+        text = adapter_choice.with_adapter(self._parsed(parse, doc, host), adapter)
         shown = adapter_choice.shown_name(host.name, adapter)
         if text.get("stream"):
-            chunks = streaming.Chunks("completion", shown, bool(c.stream_of(doc)))
+            chunks = streaming.Chunks(kind, shown, bool(c.stream_of(doc)))
             return await self._stream(host, text, request, doc, chunks)
         reply = await self._run(host, text, request, doc)
-        return self._answer(c.completion_response(shown, reply), reply)
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        doc = await self._doc(request)
-        name, adapter = adapter_choice.split_model(doc.get("model"), doc)
-        host = self._generator(name)
-        text = adapter_choice.with_adapter(self._parsed(chat.chat_request, doc, host), adapter)
-        shown = adapter_choice.shown_name(host.name, adapter)
-        if text.get("stream"):
-            chunks = streaming.Chunks("chat", shown, bool(c.stream_of(doc)))
-            return await self._stream(host, text, request, doc, chunks)
-        reply = await self._run(host, text, request, doc)
-        return self._answer(chat.chat_response(shown, reply), reply)
+        return self._answer(respond(shown, reply), reply)
 
     async def generate(self, request: web.Request) -> web.Response:
         host = self._generator(self.kapp._host(request).name)
