@@ -113,7 +113,7 @@ class InProcess:
         stamps: list[float] = []
         shown: list[str] = []
 
-        def hook(text: str) -> None:
+        def hook(text: str, _logprobs: Any) -> None:
             stamps.append(time.perf_counter())
             shown.append(text)
 
@@ -256,7 +256,8 @@ def edits_under_load(config: Path, url: str, clients: int, edits: int) -> dict[s
         for r in results
         if r["status"] != 200 or r["error"] or not r["done"] or r["finish"] is None
     ]
-    mixed = [r for r in results if len(r["versions"]) != 1]
+    # A stream refused before its first chunk has no version: broken, not mixed.
+    mixed = [r for r in results if len(r["versions"]) > 1]
     versions = sorted({v for r in results for v in r["versions"] if v is not None})
     return {
         "streams": len(results),

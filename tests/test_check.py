@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, make_project
+from tests.support import REPO, import_file, make_project
 
 
 def run_check(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -43,13 +43,6 @@ def test_example_passes_and_json_holds_every_figure(project: Path) -> None:
     assert {"load", "warm", "smoke", "swap"} <= set(reload3["phases"])
     assert isinstance(reload3["growth_bytes"], int)
     assert steps["p99"]["figures"]["p99_ms"] > 0 and steps["xid"]["figures"]["xid_events"] == 0
-
-
-def test_quick_mode_and_text_report(project: Path) -> None:
-    out = run_check(project, "--reloads", "0")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "reload 1" not in out.stdout
-    assert "ok   load+warm" in out.stdout and "hotreload check: PASS" in out.stdout
 
 
 BROKEN = {
@@ -109,9 +102,21 @@ def test_an_example_returning_a_numpy_array_points_at_the_example(tmp_path: Path
 
 
 def test_a_pickled_module_in_a_pt_file_says_to_save_the_state_dict(tmp_path: Path) -> None:
+    import torch
+
     config = make_project(tmp_path)
-    make = "import torch, model; torch.save(model.build(), 'weights.pt')"
-    subprocess.run([sys.executable, "-c", make], cwd=config.parent, check=True, timeout=120)
+    # The example's module pickled whole, here: saved under its own name, as its project
+    # would (`import model; torch.save(model.build(), ...)`).
+    model = import_file(config.parent / "model.py", "model")
+    before = sys.modules.get("model")
+    sys.modules["model"] = model
+    try:
+        torch.save(model.build(), config.parent / "weights.pt")
+    finally:
+        if before is None:
+            del sys.modules["model"]
+        else:
+            sys.modules["model"] = before
     config.write_text(config.read_text().replace("weights.safetensors", "weights.pt"))
     out = run_check(config, "--reloads", "0")
     assert out.returncode == 1, out.stdout + out.stderr
@@ -166,8 +171,13 @@ def test_in_a_terminal_each_step_shows_as_it_starts_with_its_time(project: Path)
     assert "hotreload check: PASS" in out and out.count("ok   load+warm") == 1
 
 
-def test_changed_output_shape_fails_against_the_last_passing_run(project: Path) -> None:
-    assert run_check(project, "--reloads", "0").returncode == 0
+def test_quick_mode_passes_and_a_changed_output_shape_fails_against_that_run(
+    project: Path,
+) -> None:
+    out = run_check(project, "--reloads", "0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reload 1" not in out.stdout
+    assert "ok   load+warm" in out.stdout and "hotreload check: PASS" in out.stdout
     model = project.parent / "model.py"
     model.write_text(
         model.read_text()
@@ -251,12 +261,13 @@ def test_pre_commit_hook_passes_then_fails_after_a_breaking_edit(tmp_path: Path)
         REPO / "examples" / "mlp", repo, ignore=shutil.ignore_patterns("__pycache__", ".hotreload")
     )
     # The first hook form docs/pre-commit.md shows (the local one, for everyone with a venv),
-    # with this interpreter as "the project's own environment" and one reload for speed.
+    # with this interpreter as "the project's own environment" and no reload, for speed (the
+    # breaking edit fails the first build).
     page = (REPO / "docs" / "pre-commit.md").read_text()
     first = re.findall(r"```yaml\n(.*?)```", page, re.S)[0]
     assert "repo: local" in first, "the local hook comes first: it installs nothing"
     hook = first.replace(
-        ".venv/bin/hotreload check", f"{sys.executable} -m hotreload check --reloads 1"
+        ".venv/bin/hotreload check", f"{sys.executable} -m hotreload check --reloads 0"
     )
     assert sys.executable in hook
     (repo / ".pre-commit-config.yaml").write_text(hook)

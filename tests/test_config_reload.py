@@ -57,9 +57,12 @@ def model_status(client: Client) -> dict:
     return client.status()["models"][0]
 
 
-def config_said(project: Path, text: str, timeout: float = 30.0) -> str:
+def config_said(project: Path, text: str, timeout: float = 30.0, since: int = 0) -> str:
+    """The detail of the first config_changed event saying `text`, of those after the
+    session's first `since` events."""
+
     def found() -> str | None:
-        for e in read_events(project):
+        for e in read_events(project)[since:]:
             if e.get("kind") == "config_changed" and text in str(e.get("detail")):
                 return str(e["detail"])
         return None
@@ -67,31 +70,59 @@ def config_said(project: Path, text: str, timeout: float = 30.0) -> str:
     return str(wait_until(found, timeout, what=f"config_changed saying {text!r}"))
 
 
-def test_pointing_weights_at_another_file_reloads_in_a_fresh_worker_and_watches_it(
+def test_settings_edits_failed_rebuilt_in_a_fresh_worker_and_applied_live_in_one_session(
     project: Path, serve
 ) -> None:
+    """In turn, in one watch session: a settings edit that fails leaves the old version
+    serving with the old settings; weights pointed at another file reload in a fresh worker
+    that the watcher follows; a live setting applies at once, and `cpus` waits for a
+    restart."""
     serve(project, "--no-tui", command="watch")
     client = Client(config=project, timeout_s=60)
-    first = model_status(client)
-    v1 = client.infer("mlp", X)
-    other = make_weights(project, "other.safetensors", seed=7)
 
+    # A settings edit that fails.
+    v1 = client.infer("mlp", X)
+    save_file({"inp.weight": torch.zeros(3, 3)}, str(project.parent / "wrong.safetensors"))
+    edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["wrong.safetensors"]')
+    said = config_said(project, "serves on with the settings before")
+    assert "mlp's new settings failed in load" in said and "fix hotreload.toml" in said, said
+    after = client.infer("mlp", X)
+    assert (after.version, after.digest) == (1, v1.digest)
+    assert np.array_equal(after.output, v1.output), "the old weights serve on, bit for bit"
+    # A code edit now reloads with the settings that serve (weights.safetensors), not the
+    # failed ones.
+    model = project.parent / "model.py"
+    model.write_text(model.read_text().replace("SCALE = 1.0", "SCALE = 2.0"))
+    wait_until(lambda: model_status(client)["version"] == 2, 60, what="v2 from the code edit")
+    np.testing.assert_allclose(client.infer("mlp", X).output, v1.output * 2, rtol=1e-5)
+    # Fixing the file applies the edit (compared with what serves, not with the failed one).
+    edit_config(project, 'weights = ["wrong.safetensors"]', 'weights = ["weights.safetensors"]')
+    config_said(project, "changed: no setting")
+    edit_config(project, "warmup_iters = 3", "warmup_iters = 1")
+    config_said(project, "mlp (warmup_iters): applied, nothing to rebuild")
+
+    # Weights pointed at another file: a reload in a fresh worker, which the watcher follows.
+    first = model_status(client)
+    v2 = client.infer("mlp", X)
+    other = make_weights(project, "other.safetensors", seed=7)
+    since = len(read_events(project))
     edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["other.safetensors"]')
-    said = config_said(project, "mlp (weights) reloads with them")
+    said = config_said(project, "mlp (weights) reloads with them", since=since)
     assert "restart" not in said, said
-    wait_until(lambda: model_status(client)["version"] == 2, 60, what="v2 with other.safetensors")
+    wait_until(lambda: model_status(client)["version"] == 3, 60, what="v3 with other.safetensors")
     now = model_status(client)
     assert now["pid"] != first["pid"], "new settings build in a fresh worker"
-    wait_until(lambda: count_events(project, "reload_done", trigger="config"), 30, what="event")
+    wait_until(
+        lambda: count_events(project, "reload_done", trigger="config", version=3), 30, what="event"
+    )
     asked = [e for e in read_events(project) if e["kind"] == "reload_requested"]
     assert asked[-1]["detail"] == "hotreload.toml: weights", asked[-1]
-    v2 = client.infer("mlp", X)
-    assert v2.version == 2 and v2.digest != v1.digest
-    np.testing.assert_allclose(v2.output, in_process(project, other), rtol=1e-5, atol=1e-6)
-
+    v3 = client.infer("mlp", X)
+    assert v3.version == 3 and v3.digest != v2.digest
+    np.testing.assert_allclose(v3.output, in_process(project, other), rtol=1e-5, atol=1e-6)
     # The watcher follows the new file: saving it reloads, saving the old one reloads nothing.
     make_weights(project, "other.safetensors", seed=8)
-    wait_until(lambda: model_status(client)["version"] == 3, 60, what="v3 after saving it")
+    wait_until(lambda: model_status(client)["version"] == 4, 60, what="v4 after saving it")
     np.testing.assert_allclose(
         client.infer("mlp", X).output, in_process(project, other), rtol=1e-5, atol=1e-6
     )
@@ -99,54 +130,21 @@ def test_pointing_weights_at_another_file_reloads_in_a_fresh_worker_and_watches_
     wait_until(
         lambda: count_events(project, "file_unused"), 30, what="the old weights file said unused"
     )
-    assert model_status(client)["version"] == 3
+    assert model_status(client)["version"] == 4
 
-
-def test_a_settings_edit_that_fails_leaves_the_old_version_serving_with_the_old_settings(
-    project: Path, serve
-) -> None:
-    serve(project, "--no-tui", command="watch")
-    client = Client(config=project, timeout_s=60)
-    v1 = client.infer("mlp", X)
-    save_file({"inp.weight": torch.zeros(3, 3)}, str(project.parent / "wrong.safetensors"))
-
-    edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["wrong.safetensors"]')
-    said = config_said(project, "serves on with the settings before")
-    assert "mlp's new settings failed in load" in said and "fix hotreload.toml" in said, said
-    after = client.infer("mlp", X)
-    assert (after.version, after.digest) == (1, v1.digest)
-    assert np.array_equal(after.output, v1.output), "the old weights serve on, bit for bit"
-
-    # A code edit now reloads with the settings that serve (weights.safetensors), not the
-    # failed ones.
-    model = project.parent / "model.py"
-    model.write_text(model.read_text().replace("SCALE = 1.0", "SCALE = 2.0"))
-    wait_until(lambda: model_status(client)["version"] == 2, 60, what="v2 from the code edit")
-    np.testing.assert_allclose(client.infer("mlp", X).output, v1.output * 2, rtol=1e-5)
-
-    # Fixing the file applies the edit (compared with what serves, not with the failed one).
-    edit_config(project, 'weights = ["wrong.safetensors"]', 'weights = ["weights.safetensors"]')
-    config_said(project, "changed: no setting")
-    edit_config(project, "warmup_iters = 3", "warmup_iters = 1")
-    config_said(project, "mlp (warmup_iters): applied, nothing to rebuild")
-
-
-def test_a_live_setting_applies_at_once_and_cpus_waits_for_a_restart(project: Path, serve) -> None:
-    serve(project, "--no-tui", command="watch")
-    client = Client(config=project, timeout_s=60)
+    # A live setting applies at once; `cpus` is read at start (last: it stays unapplied).
     before = model_status(client)
+    asked_before = count_events(project, "reload_requested")
     assert before["queue_limit"] == 256
-
     edit_config(project, "max_queue_size = 256", "max_queue_size = 7")
     config_said(project, "mlp (max_queue_size): applied, nothing to rebuild")
     wait_until(lambda: model_status(client)["queue_limit"] == 7, 30, what="queue_limit 7")
     now = model_status(client)
     assert (now["version"], now["pid"]) == (before["version"], before["pid"])
-
     edit_config(project, "threads = 1 ", 'threads = 1\ncpus = "off" ')
     said = config_said(project, "mlp: cpus: read at start")
     assert "restart `hotreload watch`" in said, said
-    assert count_events(project, "reload_requested") == 0
+    assert count_events(project, "reload_requested") == asked_before
 
 
 def test_switching_strategy_takes_the_standby_with_it(project: Path, serve) -> None:

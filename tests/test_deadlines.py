@@ -4,14 +4,16 @@ than `forward_s`, and a request whose client gave up is answered, never computed
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 
 from hotreload import Client
 from hotreload.errors import RequestTimeoutError
-from tests.support import count_events, make_project, wait_until
+from tests.support import SHARED, ServeProcess, count_events, make_project, wait_until
 
 #: Sleeps x[0, 0] seconds and writes down every value it computed, so a test can tell
 #: which requests ran.
@@ -66,15 +68,34 @@ def marked(value: float) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("strategy", ["inplace", "respawn"])
-def test_a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(
-    tmp_path: Path, serve, strategy: str
+class Sleepy(NamedTuple):
+    config: Path
+    session: ServeProcess
+
+
+@pytest.fixture(scope="module")
+def inplace_sleepy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sleepy]:
+    """One `inplace` session of the sleepy model for the module's tests (its start is most
+    of a test): drain_s and sync_s far below the forwards, forward_s (20) above them."""
+    config = sleepy_project(
+        tmp_path_factory.mktemp("sleepy"), "inplace", drain_s=0.3, sync_s=0.3, forward_s=20
+    )
+    session = ServeProcess(config)
+    SHARED.add(session.proc.pid)
+    try:
+        session.wait_ready()
+        yield Sleepy(config, session)
+    finally:
+        SHARED.discard(session.proc.pid)
+        session.close()
+
+
+def a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(
+    config: Path, strategy: str
 ) -> None:
-    # drain_s and sync_s far below the forward: the drain must still wait (forward_s is 20).
-    config = sleepy_project(tmp_path, strategy, drain_s=0.3, sync_s=0.3, forward_s=20)
-    serve(config)
     client = Client(config=config, timeout_s=60)
-    pid = client.status()["models"][0]["pid"]
+    before = client.status()["models"][0]
+    pid, wedged = before["pid"], count_events(config, "wedged")
     answers: list[object] = []
 
     def long_forward() -> None:
@@ -91,17 +112,34 @@ def test_a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(
     assert not t.is_alive()
     assert outcome["ok"] is True, outcome
     out, version, _ = answers[0]  # type: ignore[misc]
-    assert version == 1 and out.tolist() == (marked(2.5) * 2).tolist()
-    assert count_events(config, "wedged") == 0
+    assert version == before["version"] and out.tolist() == (marked(2.5) * 2).tolist()
+    assert count_events(config, "wedged") == wedged
     status = client.status()["models"][0]
-    assert status["version"] == 2 and status["restarts"] == 0
+    assert status["version"] == before["version"] + 1
+    assert status["restarts"] == before["restarts"]
     if strategy == "inplace":
         assert status["pid"] == pid  # the worker was never killed as hung
 
 
-def test_requests_whose_client_gave_up_are_never_computed(tmp_path: Path, serve) -> None:
-    config = sleepy_project(tmp_path)
+def test_a_forward_longer_than_drain_s_finishes_and_the_inplace_reload_goes_through(
+    inplace_sleepy: Sleepy,
+) -> None:
+    a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(
+        inplace_sleepy.config, "inplace"
+    )
+
+
+def test_a_forward_longer_than_drain_s_finishes_and_the_respawn_reload_goes_through(
+    tmp_path: Path, serve
+) -> None:
+    # drain_s and sync_s far below the forward: the drain must still wait (forward_s is 20).
+    config = sleepy_project(tmp_path, "respawn", drain_s=0.3, sync_s=0.3, forward_s=20)
     serve(config)
+    a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(config, "respawn")
+
+
+def test_requests_whose_client_gave_up_are_never_computed(inplace_sleepy: Sleepy) -> None:
+    config = inplace_sleepy.config
     client = Client(config=config, timeout_s=60)
     hold = threading.Thread(target=lambda: client.infer("sleepy", marked(2.0)))
     hold.start()

@@ -122,13 +122,14 @@ def test_a_checkpoint_of_another_model_names_the_keys_left_after_conversion(
     assert "after transformers' key conversion (ViTForImageClassification: " in text
 
 
-def saved_project(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    """A folder with the served models' code and what save_pretrained wrote for each (default
-    arguments; Mixtral sharded); the config, and each model as from_pretrained loads it."""
+def saved_project(tmp_path: Path, names: tuple[str, ...] = SERVED) -> tuple[Path, dict[str, Any]]:
+    """A folder with the code of the models `names` and what save_pretrained wrote for each
+    (default arguments; Mixtral sharded); the config, and each model as from_pretrained
+    loads it."""
     proj = tmp_path / "proj"
     proj.mkdir()
     loaded, config = {}, ""
-    for name in SERVED:
+    for name in names:
         torch.manual_seed(len(name))
         sharded = {"max_shard_size": SHARD_SIZE} if name == "mixtral" else {}
         build(proj, name).save_pretrained(proj / name, **sharded)
@@ -229,9 +230,9 @@ def test_under_respawn_a_code_edit_maps_the_converted_checkpoint_in_the_standby(
     """strategy respawn: the next version is built in another process, which maps the
     serving worker's weights block (the tensors as converted, the fused Mixtral experts
     included) instead of reading and converting the files again."""
-    config, loaded = saved_project(tmp_path)
-    proj = config.parent
     # Mixtral alone (its conversion fuses experts across shards): one worker and a standby.
+    config, loaded = saved_project(tmp_path, ("mixtral",))
+    proj = config.parent
     config.write_text(MODEL.format(name="mixtral", weights=INDEX) + 'strategy = "respawn"\n')
     serve(config, wait_ready=False).wait_ready(timeout=300)
     client = Client(config=config, timeout_s=120)

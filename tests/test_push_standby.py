@@ -9,8 +9,9 @@ are compared with the model called in-process on the same weights.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -18,18 +19,41 @@ import torch
 
 from hotreload import Client
 from hotreload.errors import ReloadFailedError
-from tests.support import make_project, read_events, wait_until
+from tests.support import SHARED, ServeProcess, make_project, read_events, wait_until
 from tests.test_push_weights import X, file_state, in_process, status_of, trained
 
 
-@pytest.fixture
-def respawned(tmp_path: Path, serve):  # type: ignore[no-untyped-def]
-    config = make_project(tmp_path)
+class Respawned(NamedTuple):
+    config: Path
+    server: ServeProcess
+    client: Client
+    #: The digest of the weights file's own weights: v1's.
+    file_digest: str
+
+
+@pytest.fixture(scope="module")
+def respawned_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Respawned]:
+    """One session for the module's tests of the example (a process start and a standby's
+    are most of each test): each test starts from where the one before left it."""
+    config = make_project(tmp_path_factory.mktemp("push-standby"))
     config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
-    server = serve(config)
-    with Client(config=config, timeout_s=60) as client:
-        wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the standby")
-        yield config, server, client
+    server = ServeProcess(config)
+    SHARED.add(server.proc.pid)
+    try:
+        server.wait_ready()
+        with Client(config=config, timeout_s=60) as client:
+            yield Respawned(config, server, client, status_of(client)["digest"])
+    finally:
+        SHARED.discard(server.proc.pid)
+        server.close()
+
+
+@pytest.fixture
+def respawned(respawned_session: Respawned) -> Respawned:
+    """The module's session once its standby is up."""
+    client = respawned_session.client
+    wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the standby")
+    return respawned_session
 
 
 def push_rows(config: Path) -> list[dict[str, Any]]:
@@ -38,14 +62,18 @@ def push_rows(config: Path) -> list[dict[str, Any]]:
     ]
 
 
-def test_a_push_builds_in_the_standby_and_the_old_worker_becomes_the_next(respawned) -> None:  # type: ignore[no-untyped-def]
-    config, _, client = respawned
+def test_a_push_builds_in_the_standby_and_the_old_worker_becomes_the_next(
+    respawned: Respawned,
+) -> None:
+    config, _, client, _ = respawned
     before = status_of(client)
+    rows = len(push_rows(config))
     serving, standby = before["pid"], before["standby"]["pid"]
     state = trained(file_state(config), 1)
     reply = client.update_weights("mlp", state)
     result = client.infer("mlp", X, min_version=reply["version"])
-    assert result.version == reply["version"] == 2 and result.digest == reply["digest"]
+    assert result.version == reply["version"] == before["version"] + 1
+    assert result.digest == reply["digest"]
     np.testing.assert_allclose(result.output, in_process(config, state), rtol=1e-5, atol=1e-6)
     after = status_of(client)
     assert after["pid"] == standby, "the standby built the push and serves it"
@@ -54,15 +82,14 @@ def test_a_push_builds_in_the_standby_and_the_old_worker_becomes_the_next(respaw
         60,
         what="the old serving worker kept as the next standby",
     )
-    (row,) = push_rows(config)
+    (row,) = push_rows(config)[rows:]
     assert row["strategy"] == "respawn" and "swap" in row["phases"], row
 
 
-def test_pushes_in_the_standby_lay_over_each_other_in_order(respawned) -> None:  # type: ignore[no-untyped-def]
+def test_pushes_in_the_standby_lay_over_each_other_in_order(respawned: Respawned) -> None:
     """A subset push goes over the full push before it, in a worker that never read either:
     the standby maps the block and both pushes again."""
-    config, _, client = respawned
-    v1 = status_of(client)["digest"]
+    config, _, client, v1 = respawned
     first = trained(file_state(config), 5)
     client.update_weights("mlp", first)
     wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the next standby")
@@ -78,23 +105,25 @@ def test_pushes_in_the_standby_lay_over_each_other_in_order(respawned) -> None: 
     assert all(r["strategy"] == "respawn" for r in push_rows(config))
 
 
-def test_a_push_that_fails_in_the_standby_leaves_the_old_weights_serving(respawned) -> None:  # type: ignore[no-untyped-def]
-    config, _, client = respawned
+def test_a_push_that_fails_in_the_standby_leaves_the_old_weights_serving(
+    respawned: Respawned,
+) -> None:
+    config, _, client, _ = respawned
     good = trained(file_state(config), 2)
-    client.update_weights("mlp", good)
+    v = client.update_weights("mlp", good)["version"]
     before = client.infer("mlp", X)
     bad = {**good, "out.bias": torch.full_like(good["out.bias"], float("nan"))}
     with pytest.raises(ReloadFailedError, match="non-finite") as failed:
         client.update_weights("mlp", bad)
-    assert "v2 keeps serving" in str(failed.value)
+    assert f"v{v} keeps serving" in str(failed.value)
     after = client.infer("mlp", X)
-    assert after.version == 2 and after.digest == before.digest
+    assert after.version == v and after.digest == before.digest
     np.testing.assert_array_equal(after.output, before.output)  # never a mix
     # And the next good push still builds off the serving worker.
     wait_until(lambda: status_of(client)["standby"] is not None, 60, what="a standby again")
     serving = status_of(client)["pid"]
     reply = client.update_weights("mlp", trained(good, 3))
-    assert reply["version"] == 3 and status_of(client)["pid"] != serving
+    assert reply["version"] == v + 1 and status_of(client)["pid"] != serving
 
 
 def test_a_model_without_weights_files_builds_pushes_in_the_standby_once_one_holds_every_tensor(
@@ -141,8 +170,8 @@ def hashed_kib(config: Path) -> list[float]:
 
 @pytest.mark.parametrize("client_leaves", [False, True], ids=["worker-named", "client-hashed"])
 def test_a_push_in_the_standby_hashes_only_its_own_tensors(
-    respawned, monkeypatch: pytest.MonkeyPatch, client_leaves: bool
-) -> None:  # type: ignore[no-untyped-def]
+    respawned: Respawned, monkeypatch: pytest.MonkeyPatch, client_leaves: bool
+) -> None:
     """The block and the pushes the standby maps again come with the digest leaves the
     worker that built them first named (issue 26 item 4 under respawn): a head push over a
     full one hashes the head, not the model. With the leaves the client hashed as it packed
@@ -153,7 +182,8 @@ def test_a_push_in_the_standby_hashes_only_its_own_tensors(
 
     if not client_leaves:  # the client in this process sends none: the workers name them
         monkeypatch.setattr(push_leaves, "MAX_LEAVES_JSON", 0)
-    config, _, client = respawned
+    config, _, client, _ = respawned
+    hashed = len(hashed_kib(config))
     first = trained(file_state(config), 7)
     client.update_weights("mlp", first)
     wait_until(lambda: status_of(client)["standby"] is not None, 60, what="the next standby")
@@ -167,7 +197,7 @@ def test_a_push_in_the_standby_hashes_only_its_own_tensors(
     )
     model_kib = sum(t.nbytes for t in first.values()) / 1024
     head_kib = sum(t.nbytes for t in head.values()) / 1024
-    full, part = hashed_kib(config)
+    full, part = hashed_kib(config)[hashed:]
     if client_leaves:
         assert (full, part) == (0, 0), (full, part, model_kib)
     else:

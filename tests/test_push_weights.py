@@ -10,6 +10,7 @@ import importlib.util
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import torch
 
 from hotreload import Client
 from hotreload.errors import ReloadFailedError, RequestTimeoutError
-from tests.support import count_events, make_project, wait_until
+from hotreload.worker.weights_digest import state_digest
+from tests.support import SHARED, ServeProcess, count_events, make_project, wait_until
 
 X = np.random.default_rng(17).standard_normal((2, 64), dtype=np.float32)
 
@@ -52,42 +54,89 @@ def status_of(client: Client) -> dict[str, Any]:
     return client.status()["models"][0]
 
 
-@pytest.fixture
-def served(tmp_path: Path, serve):  # type: ignore[no-untyped-def]
-    config = make_project(tmp_path)
-    server = serve(config)
-    with Client(config=config, timeout_s=60) as client:
-        yield config, server, client
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, ServeProcess, Client]]:
+    """One session of the example for the module's tests (its start is most of a test):
+    each test starts where the one before left it, its versions counted from there."""
+    config = make_project(tmp_path_factory.mktemp("push-weights"))
+    server = ServeProcess(config)
+    SHARED.add(server.proc.pid)
+    try:
+        server.wait_ready()
+        with Client(config=config, timeout_s=60) as client:
+            yield config, server, client
+    finally:
+        SHARED.discard(server.proc.pid)
+        server.close()
+
+
+def test_a_weights_file_saved_again_with_the_same_bytes_builds_nothing_unless_pushes_lie_over_it(
+    served,
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30, 13: a reload whose code and weights digest are the serving version's is a
+    no-op, whichever stamp the file has; but over pushed weights the same save goes back to
+    the file's weights (the pushes are dropped), so it builds. First in the module: the
+    file's weights serve, no push over them."""
+    config, _, client = served
+    weights = config.parent / "weights.safetensors"
+    start = status_of(client)
+    v1 = start["digest"]
+    assert start["version"] == 1 and start["pushes"] == 0
+    assert v1 == state_digest(file_state(config))
+    weights.write_bytes(weights.read_bytes())  # a new stamp, the same bytes
+    outcome = client.reload("mlp")["outcomes"][0]
+    assert outcome["ok"] and status_of(client)["version"] == start["version"], outcome
+    assert outcome["unchanged"], outcome
+    changed = trained(file_state(config), 4)
+    safetensors.torch.save_file(changed, str(weights))
+    client.reload("mlp")
+    assert status_of(client)["version"] == start["version"] + 1
+    weights.write_bytes(weights.read_bytes())  # v2's bytes again: hashed once v2 served
+    client.reload("mlp")
+    assert status_of(client)["version"] == start["version"] + 1
+    client.update_weights("mlp", trained(changed, 5))  # v3: a push over v2's file
+    weights.write_bytes(weights.read_bytes())
+    client.reload("mlp")
+    now = status_of(client)
+    assert now["version"] == start["version"] + 3 and now["pushes"] == 0, now
+    np.testing.assert_allclose(
+        client.infer("mlp", X).output, in_process(config, changed), rtol=1e-5, atol=1e-6
+    )
+    assert v1 != now["digest"]
 
 
 def test_a_push_serves_the_pushed_weights_and_says_which(served) -> None:  # type: ignore[no-untyped-def]
     config, _, client = served
     before = status_of(client)
-    assert before["version"] == 1 and before["digest"].startswith("sha256:")
+    v = before["version"]
+    assert before["digest"].startswith("sha256:")
+    done = count_events(config, "reload_done", trigger="push")
     state = trained(file_state(config), 1)
     reply = client.update_weights("mlp", state)
-    assert reply["version"] == 2 and reply["digest"] != before["digest"]
-    result = client.infer("mlp", X, min_version=2)
-    assert result.version == 2 and result.digest == reply["digest"]
+    assert reply["version"] == v + 1 and reply["digest"] != before["digest"]
+    result = client.infer("mlp", X, min_version=v + 1)
+    assert result.version == v + 1 and result.digest == reply["digest"]
     np.testing.assert_allclose(result.output, in_process(config, state), rtol=1e-5, atol=1e-6)
     now = status_of(client)
     assert now["digest"] == reply["digest"] and now["pushes"] == 1
-    # The file's own weights pushed back: the digest of v1, however they arrived.
+    # The file's own weights pushed back: the digest of the version that read them from the
+    # file, however they arrived (the first test: that version's is this digest).
     again = client.update_weights("mlp", file_state(config))
-    assert again["digest"] == before["digest"] and again["version"] == 3
-    done = count_events(config, "reload_done", trigger="push")
-    assert done == 2
+    assert again["digest"] == state_digest(file_state(config)) and again["version"] == v + 2
+    assert count_events(config, "reload_done", trigger="push") == done + 2
 
 
 def test_a_partial_push_keeps_the_rest_of_the_last_push(served) -> None:  # type: ignore[no-untyped-def]
     config, _, client = served
     first = trained(file_state(config), 1)
-    client.update_weights("mlp", first)
+    full = client.update_weights("mlp", first)["version"]
     head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
     with pytest.raises(ReloadFailedError, match="strict=False"):
         client.update_weights("mlp", head)  # strict: every tensor, or say so
     reply = client.update_weights("mlp", head, strict=False)
-    assert reply["version"] == 3
+    assert reply["version"] == full + 1
     expected = in_process(config, {**first, **head})
     np.testing.assert_allclose(client.infer("mlp", X).output, expected, rtol=1e-5, atol=1e-6)
 
@@ -104,23 +153,26 @@ def test_a_partial_push_keeps_the_rest_of_the_last_push(served) -> None:  # type
 def test_a_bad_push_raises_why_and_the_old_weights_serve_on(served, change, message) -> None:  # type: ignore[no-untyped-def]
     config, _, client = served
     good = trained(file_state(config), 2)
-    client.update_weights("mlp", good)
+    v = client.update_weights("mlp", good)["version"]
     before = client.infer("mlp", X)
     with pytest.raises(ReloadFailedError, match=message) as failed:
         client.update_weights("mlp", change(good))
-    assert "v2 keeps serving" in str(failed.value)
+    assert f"v{v} keeps serving" in str(failed.value)
     after = client.infer("mlp", X)
-    assert after.version == 2 and after.digest == before.digest
+    assert after.version == v and after.digest == before.digest
     np.testing.assert_array_equal(after.output, before.output)  # never a mix
 
 
 def test_a_restart_and_a_code_edit_keep_the_pushed_weights(served) -> None:  # type: ignore[no-untyped-def]
     config, server, client = served
+    restarts = count_events(config, "worker_restarted")
     state = trained(file_state(config), 3)
     pushed = client.update_weights("mlp", state)["digest"]
     expected = in_process(config, state)
     os.kill(server.worker_pids()[0], signal.SIGKILL)  # a crash: the worker is restarted
-    wait_until(lambda: count_events(config, "worker_restarted") == 1, 60, what="the restart")
+    wait_until(
+        lambda: count_events(config, "worker_restarted") == restarts + 1, 60, what="the restart"
+    )
     after_crash = client.infer("mlp", X)
     assert after_crash.digest == pushed
     np.testing.assert_allclose(after_crash.output, expected, rtol=1e-5, atol=1e-6)
@@ -134,41 +186,21 @@ def test_a_restart_and_a_code_edit_keep_the_pushed_weights(served) -> None:  # t
 
 def test_min_version_waits_for_the_push_and_wait_version_is_bounded(served) -> None:  # type: ignore[no-untyped-def]
     config, _, client = served
+    v = status_of(client)["version"] + 1
     answers: list[Any] = []
     other = Client(config=config, timeout_s=60)
-    waiter = threading.Thread(target=lambda: answers.append(other.infer("mlp", X, min_version=2)))
+    waiter = threading.Thread(target=lambda: answers.append(other.infer("mlp", X, min_version=v)))
     waiter.start()
-    # It waits in the session for v2 (not answered by v1, not refused).
+    # It waits in the session for the next version (not answered by this one, not refused).
     wait_until(lambda: status_of(client)["waiting_for_version"] == 1, 30, what="the wait")
     state = trained(file_state(config), 4)
     reply = client.update_weights("mlp", state)
     waiter.join(60)
-    assert answers and answers[0].version == 2 and answers[0].digest == reply["digest"]
+    assert answers and answers[0].version == v and answers[0].digest == reply["digest"]
     other.close()
-    assert client.wait_version("mlp", 2) == 2
-    with pytest.raises(RequestTimeoutError, match="version 5 did not serve"):
-        client.wait_version("mlp", 5, timeout_s=0.5)
-
-
-def test_a_respawn_code_edit_replays_the_pushes_in_the_new_worker(tmp_path: Path, serve) -> None:  # type: ignore[no-untyped-def]
-    config = make_project(tmp_path)
-    config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
-    serve(config)
-    with Client(config=config, timeout_s=60) as client:
-        first = trained(file_state(config), 5)
-        client.update_weights("mlp", first)
-        head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
-        pushed = client.update_weights("mlp", head, strict=False)["digest"]
-        pid = status_of(client)["pid"]
-        model_py = config.parent / "model.py"
-        model_py.write_text(model_py.read_text() + "\n# an edit of the code only\n")
-        outcome = client.reload("mlp")["outcomes"][0]
-        assert outcome["ok"], outcome
-        assert status_of(client)["pid"] != pid, "built in another worker"
-        result = client.infer("mlp", X)
-        assert result.digest == pushed  # the files' weights, then both pushes, in order
-        expected = in_process(config, {**first, **head})
-        np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
+    assert client.wait_version("mlp", v) == v
+    with pytest.raises(RequestTimeoutError, match=f"version {v + 3} did not serve"):
+        client.wait_version("mlp", v + 3, timeout_s=0.5)
 
 
 def test_a_full_push_lets_go_of_the_pushes_it_replaces(served) -> None:  # type: ignore[no-untyped-def]
@@ -186,34 +218,3 @@ def test_a_full_push_lets_go_of_the_pushes_it_replaces(served) -> None:  # type:
         return sum("memfd:hotreload-state" in os.readlink(fd) for fd in fds.iterdir())
 
     wait_until(lambda: memfds() == 2, 10, what="the replaced pushes' memory let go")
-
-
-def test_a_weights_file_saved_again_with_the_same_bytes_builds_nothing_unless_pushes_lie_over_it(
-    served,
-) -> None:  # type: ignore[no-untyped-def]
-    """Issue 30, 13: a reload whose code and weights digest are the serving version's is a
-    no-op, whichever stamp the file has; but over pushed weights the same save goes back to
-    the file's weights (the pushes are dropped), so it builds."""
-    config, _, client = served
-    weights = config.parent / "weights.safetensors"
-    v1 = status_of(client)["digest"]
-    weights.write_bytes(weights.read_bytes())  # a new stamp, the same bytes
-    outcome = client.reload("mlp")["outcomes"][0]
-    assert outcome["ok"] and status_of(client)["version"] == 1, outcome
-    assert outcome["unchanged"], outcome
-    changed = trained(file_state(config), 4)
-    safetensors.torch.save_file(changed, str(weights))
-    client.reload("mlp")
-    assert status_of(client)["version"] == 2
-    weights.write_bytes(weights.read_bytes())  # v2's bytes again: hashed once v2 served
-    client.reload("mlp")
-    assert status_of(client)["version"] == 2
-    client.update_weights("mlp", trained(changed, 5))  # v3: a push over v2's file
-    weights.write_bytes(weights.read_bytes())
-    client.reload("mlp")
-    now = status_of(client)
-    assert now["version"] == 4 and now["pushes"] == 0, now
-    np.testing.assert_allclose(
-        client.infer("mlp", X).output, in_process(config, changed), rtol=1e-5, atol=1e-6
-    )
-    assert v1 != now["digest"]

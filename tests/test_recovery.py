@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from hotreload import Client
-from tests.support import make_project, wait_until
+from tests.support import count_events, make_project, wait_until
 
 X = np.random.default_rng(5).standard_normal((1, 64), dtype=np.float32)
 
@@ -41,7 +41,9 @@ example_input = model_base.example_input
 """
 
 
-def test_reload_after_a_restart_reads_edited_sibling_modules(tmp_path: Path, serve) -> None:
+def test_a_restart_after_a_broken_edit_serves_the_last_good_version_and_reloads_siblings(
+    tmp_path: Path, serve
+) -> None:
     config = make_project(tmp_path)
     folder = config.parent
     (folder / "model.py").rename(folder / "model_base.py")
@@ -50,9 +52,15 @@ def test_reload_after_a_restart_reads_edited_sibling_modules(tmp_path: Path, ser
     session = serve(config, "--no-tui", command="watch")
     client = Client(config=config, timeout_s=120)
     expected = client.infer("mlp", X).output
+    # A half-finished edit of a module the model imports: its reload fails, and the files
+    # on disk no longer build.
+    (folder / "layers.py").write_text(LAYERS + "raise ImportError('half-finished edit')\n")
+    wait_until(lambda: count_events(config, "reload_failed") == 1, 30, what="the failed reload")
     os.kill(client.status()["models"][0]["pid"], signal.SIGKILL)
     wait_until(lambda: "worker restarted" in session.output, 60, what="restart")
-    assert client.infer("mlp", X).version == 1
+    out, version, _ = client.infer("mlp", X)
+    assert version == 1
+    np.testing.assert_array_equal(out, expected)
     # The restarted worker loaded v1 from the last good snapshot; the next edit is live code.
     (folder / "layers.py").write_text("FACTOR = 3.0\n")
     wait_until(lambda: client.status()["models"][0]["version"] == 2, 60, what="v2")

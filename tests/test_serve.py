@@ -12,7 +12,9 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import psutil
@@ -29,7 +31,7 @@ from hotreload.errors import (
     WorkerUnavailableError,
 )
 from hotreload.protocol.framing import pack_frame, read_frame_sync
-from tests.support import make_project, wait_until
+from tests.support import SHARED, ServeProcess, make_project, wait_until
 
 SLOW_MODEL = '''
 import time
@@ -70,6 +72,37 @@ def slow_project(tmp_path: Path, extra: str = "") -> Path:
     return make_project(tmp_path, config=SLOW_CONFIG + extra, files={"slow.py": SLOW_MODEL})
 
 
+class Served(NamedTuple):
+    config: Path
+    session: ServeProcess
+
+
+def shared_session(config: Path) -> Iterator[Served]:
+    """One `hotreload serve` of `config` for the tests of the module that only send to it
+    (a session's start is most of such a test)."""
+    session = ServeProcess(config)
+    SHARED.add(session.proc.pid)
+    try:
+        session.wait_ready()
+        yield Served(config, session)
+    finally:
+        SHARED.discard(session.proc.pid)
+        session.close()
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The example served; its tests leave it serving v1 (a restarted worker included)."""
+    yield from shared_session(make_project(tmp_path_factory.mktemp("example")))
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The slow model served (max_inflight 1, a queue of 2); its tests wait for their own
+    requests, so each finds it idle."""
+    yield from shared_session(slow_project(tmp_path_factory.mktemp("slow")))
+
+
 def x_with(first: float) -> np.ndarray:
     x = np.zeros((1, 4), dtype=np.float32)
     x[0, 0] = first
@@ -96,8 +129,8 @@ def reference_output(config: Path, x: np.ndarray) -> np.ndarray:
         sys.modules.pop("model", None)
 
 
-def test_serve_example_and_infer(project: Path, serve) -> None:
-    session = serve(project)
+def test_serve_example_and_infer(example: Served) -> None:
+    project, session = example
     assert "mlp: v1 ready on cpu" in session.output
     client = Client(config=project)
     x = np.random.default_rng(1).standard_normal((3, 64), dtype=np.float32)
@@ -119,8 +152,8 @@ def test_serve_example_and_infer(project: Path, serve) -> None:
     np.testing.assert_array_equal(aout, out)
 
 
-def test_status_reports_figures(project: Path, serve) -> None:
-    serve(project)
+def test_status_reports_figures(example: Served) -> None:
+    project = example.config
     client = Client(config=project)
     for _ in range(5):
         client.infer("mlp", np.zeros((1, 64), np.float32))
@@ -156,9 +189,8 @@ def test_status_says_why_cpus_auto_pinned_nothing(
     assert "  not pinned to CPUs of its own: `threads` is not set" in out
 
 
-def test_queue_full_rejects_at_once_with_depth_and_limit(tmp_path: Path, serve) -> None:
-    config = slow_project(tmp_path)
-    serve(config)
+def test_queue_full_rejects_at_once_with_depth_and_limit(slow: Served) -> None:
+    config = slow.config
     client = Client(config=config)
     results: list[object] = []
 
@@ -180,9 +212,8 @@ def test_queue_full_rejects_at_once_with_depth_and_limit(tmp_path: Path, serve) 
     assert "Exceeds maximum queue size (depth 2, limit 2)" in str(rejected[0])
 
 
-def test_request_timeout_is_an_error_not_a_hang(tmp_path: Path, serve) -> None:
-    config = slow_project(tmp_path)
-    serve(config)
+def test_request_timeout_is_an_error_not_a_hang(slow: Served) -> None:
+    config = slow.config
     client = Client(config=config)
     t0 = time.monotonic()
     with pytest.raises(RequestTimeoutError, match=r"timed out after 0\.3 s"):
@@ -192,9 +223,8 @@ def test_request_timeout_is_an_error_not_a_hang(tmp_path: Path, serve) -> None:
     assert out.tolist() == [[0, 0, 0, 0]] and version == 1
 
 
-def test_model_error_carries_remote_traceback_and_server_survives(tmp_path: Path, serve) -> None:
-    config = slow_project(tmp_path)
-    serve(config)
+def test_model_error_carries_remote_traceback_and_server_survives(slow: Served) -> None:
+    config = slow.config
     client = Client(config=config)
     with pytest.raises(ModelError) as info:
         client.infer("slow", x_with(-1000))
@@ -203,8 +233,8 @@ def test_model_error_carries_remote_traceback_and_server_survives(tmp_path: Path
     assert client.infer("slow", x_with(0.5))[0][0, 0] == 1.0
 
 
-def test_wrong_dtype_shape_and_model_are_bad_requests(project: Path, serve) -> None:
-    serve(project)
+def test_wrong_dtype_shape_and_model_are_bad_requests(example: Served) -> None:
+    project = example.config
     client = Client(config=project)
     with pytest.raises(BadRequestError, match="expected dtype float32, got int64"):
         client.infer("mlp", np.zeros((1, 64), np.int64))
@@ -235,8 +265,8 @@ def _raw(path: Path) -> socket.socket:
     return s
 
 
-def test_garbage_and_oversized_frames_then_a_good_request(project: Path, serve) -> None:
-    serve(project)
+def test_garbage_and_oversized_frames_then_a_good_request(example: Served) -> None:
+    project = example.config
     client = Client(config=project)
     path = client.socket_path
     cases = [
@@ -274,8 +304,8 @@ def test_garbage_and_oversized_frames_then_a_good_request(project: Path, serve) 
     assert out.shape == (1, 10) and version == 1
 
 
-def test_socket_is_private(project: Path, serve) -> None:
-    serve(project)
+def test_socket_is_private(example: Served) -> None:
+    project = example.config
     path = Client(config=project).socket_path
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -299,10 +329,12 @@ def test_no_server_is_a_clear_error(project: Path) -> None:
     assert main(["status", "--config", str(project)]) == 3
 
 
-def test_worker_killed_under_load_is_restarted_and_no_request_hangs(project: Path, serve) -> None:
-    session = serve(project)
+def test_worker_killed_under_load_is_restarted_and_no_request_hangs(example: Served) -> None:
+    project, session = example
     client = Client(config=project, timeout_s=30)
     pid_before = client.status()["models"][0]["pid"]
+    restarts = client.status()["models"][0]["restarts"]
+    said = session.output.count("worker restarted")
     outcomes: list[str] = []
     stop = threading.Event()
 
@@ -320,7 +352,7 @@ def test_worker_killed_under_load_is_restarted_and_no_request_hangs(project: Pat
         t.start()
     wait_until(lambda: len(outcomes) > 50, 30, what="steady traffic")
     os.kill(pid_before, signal.SIGKILL)
-    wait_until(lambda: "worker restarted" in session.output, 60, what="worker restart")
+    wait_until(lambda: session.output.count("worker restarted") > said, 60, what="worker restart")
     n = len(outcomes)
     wait_until(lambda: len(outcomes) > n + 50, 30, what="traffic after restart")
     stop.set()
@@ -328,7 +360,8 @@ def test_worker_killed_under_load_is_restarted_and_no_request_hangs(project: Pat
         t.join(30)
         assert not t.is_alive(), "a client thread hung"
     status = client.status()["models"][0]
-    assert status["restarts"] == 1 and status["pid"] != pid_before and status["state"] == "serving"
+    assert status["restarts"] == restarts + 1 and status["pid"] != pid_before
+    assert status["state"] == "serving"
     assert (
         not psutil.pid_exists(pid_before)
         or psutil.Process(pid_before).status() == psutil.STATUS_ZOMBIE
@@ -372,9 +405,9 @@ def test_model_that_fails_to_load_exits_1_with_the_error(tmp_path: Path, serve) 
 
 
 def test_second_session_on_the_same_config_leaves_the_first_one_serving(
-    project: Path, serve
+    example: Served, serve
 ) -> None:
-    first = serve(project)
+    project, first = example
     client = Client(config=project)
     assert client.infer("mlp", np.zeros((1, 64), np.float32)).version == 1
     second = serve(project, wait_ready=False)

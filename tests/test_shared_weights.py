@@ -13,6 +13,8 @@ import torch
 from hotreload import Client
 from hotreload.worker.shared_weights import copy_into_block, map_block
 from tests.support import make_project, read_events
+from tests.test_push_weights import X as PUSH_X
+from tests.test_push_weights import file_state, in_process, trained
 
 X = np.random.default_rng(23).standard_normal((2, 64), dtype=np.float32)
 
@@ -51,9 +53,11 @@ def test_a_block_maps_in_another_process_without_a_copy(tmp_path: Path) -> None:
         block.close()
 
 
-def test_a_respawn_code_edit_maps_the_weights_and_a_weights_edit_reads_them(
+def test_a_respawn_code_edit_maps_the_weights_and_replays_the_pushes_a_weights_edit_reads_them(
     tmp_path: Path, serve
 ) -> None:  # type: ignore[no-untyped-def]
+    """One respawn session: a code edit maps the serving worker's weights block; a weights
+    edit reads the file; then, over pushes, a code edit replays them in the new worker."""
     config = make_project(tmp_path)
     config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
     serve(config)
@@ -77,6 +81,21 @@ def test_a_respawn_code_edit_maps_the_weights_and_a_weights_edit_reads_them(
     loads = [e for e in read_events(config) if e["kind"] == "phase_end" and e["phase"] == "load"]
     assert "mapped" not in loads[-1]["detail"], loads[-1]
     assert client.infer("mlp", X).digest != before.digest
+
+    # Pushes, then a code edit: the new worker replays them over the file's weights.
+    first = trained(file_state(config), 5)
+    client.update_weights("mlp", first)
+    head = {k: v * 0.5 for k, v in first.items() if k.startswith("out.")}
+    pushed = client.update_weights("mlp", head, strict=False)["digest"]
+    pid = client.status()["models"][0]["pid"]
+    model_py.write_text(model_py.read_text() + "\n# an edit of the code only\n")
+    outcome = client.reload("mlp")["outcomes"][0]
+    assert outcome["ok"], outcome
+    assert client.status()["models"][0]["pid"] != pid, "built in another worker"
+    result = client.infer("mlp", PUSH_X)
+    assert result.digest == pushed  # the files' weights, then both pushes, in order
+    expected = in_process(config, {**first, **head})
+    np.testing.assert_allclose(result.output, expected, rtol=1e-5, atol=1e-6)
 
 
 BIG_MODEL = """

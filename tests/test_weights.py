@@ -360,23 +360,15 @@ def example_input():
 """
 
 
-@pytest.mark.parametrize("strategy", ["inplace", "respawn"])
-def test_a_code_edit_the_weights_override_is_warned_about_once(
-    tmp_path: Path, serve, strategy: str
-) -> None:
-    # respawn: the new version is built in another process, so its output is compared there.
-    extra = ('weights = ["gain.safetensors"]', f'strategy = "{strategy}"')
-    config = project(tmp_path, session_config("gain", *extra), {"model.py": GAIN})
+def warned_once(config: Path, session: Any, x: np.ndarray, before: np.ndarray) -> None:
+    """Two code edits that each set `gain` to a new value: the output stays what the weights
+    file sets, and the override is warned about once, for the first."""
     model_py = config.parent / "model.py"
-    save_model(in_process(model_py)["build"](), str(config.parent / "gain.safetensors"))
-    session = serve(config, "--no-tui", command="watch")
-    x = np.ones((1, 4), np.float32)
-    before, _ = infer(config, "gain", x)
-
-    for version, scale in ((2, "2.0"), (3, "3.0")):
+    base = Client(config=config, timeout_s=60).status()["models"][0]["version"]
+    for version, scale in ((base + 1, "2.0"), (base + 2, "3.0")):
         model_py.write_text(GAIN.replace("SCALE = 1.0", f"SCALE = {scale}"))
         wait_until(
-            lambda v=version: count_events(config, "reload_done", version=v),
+            lambda v=version: count_events(config, "reload_done", model="gain", version=v),
             60,
             what=f"v{version}",
         )
@@ -384,15 +376,32 @@ def test_a_code_edit_the_weights_override_is_warned_about_once(
         assert served == version
         np.testing.assert_array_equal(out, before)  # the weights file set `gain` again
 
-    session.wait_for("gain: warning: v2's build() sets gain to a new value")
+    session.wait_for(f"gain: warning: v{base + 1}'s build() sets gain to a new value")
     assert count_events(config, "weights_override") == 1, "warned once per tensor and session"
-    (line,) = [line for line in session.lines if "v2's build() sets" in line]
+    (line,) = [line for line in session.lines if f"v{base + 1}'s build() sets" in line]
     assert "gain.safetensors is loaded after build() and replaces it" in line
 
 
-def test_no_override_warning_where_no_build_value_changed(tmp_path: Path, serve) -> None:
+def test_a_code_edit_the_weights_override_is_warned_about_once_under_respawn(
+    tmp_path: Path, serve
+) -> None:
+    # The new version is built in another process, so its output is compared there.
+    extra = ('weights = ["gain.safetensors"]', 'strategy = "respawn"')
+    config = project(tmp_path, session_config("gain", *extra), {"model.py": GAIN})
+    model_py = config.parent / "model.py"
+    save_model(in_process(model_py)["build"](), str(config.parent / "gain.safetensors"))
+    session = serve(config, "--no-tui", command="watch")
+    x = np.ones((1, 4), np.float32)
+    before, _ = infer(config, "gain", x)
+    warned_once(config, session, x, before)
+
+
+def test_no_override_warning_where_no_build_value_changed_and_one_where_it_did(
+    tmp_path: Path, serve
+) -> None:
     """The three false alarms of issue 28: a second model in the folder whose code did not
-    change, a broken edit fixed back to the code that serves, and an edit of forward()."""
+    change, a broken edit fixed back to the code that serves, and an edit of forward(). Then
+    code edits that do set a new value (`inplace`): warned about, once."""
     extra = 'weights = ["gain.safetensors"]'
     twin = '[[models]]\nname = "twin"\nentry = "twin.py:build"\nexample = "twin.py:example_input"\n'
     twin += 'weights = ["twin.safetensors"]\ndevice = "cpu"\nthreads = 1\nwarmup_iters = 1\n'
@@ -403,6 +412,8 @@ def test_no_override_warning_where_no_build_value_changed(tmp_path: Path, serve)
     for name in ("gain", "twin"):
         save_model(in_process(model_py)["build"](), str(config.parent / f"{name}.safetensors"))
     session = serve(config, "--no-tui", command="watch")
+    x = np.ones((1, 4), np.float32)
+    before, _ = infer(config, "gain", x)
 
     def reloaded(times: int) -> None:
         wait_until(
@@ -420,3 +431,5 @@ def test_no_override_warning_where_no_build_value_changed(tmp_path: Path, serve)
     model_py.write_text(slow)  # fixed back to the code that serves
     reloaded(2)
     assert count_events(config, "weights_override") == 0, session.output
+
+    warned_once(config, session, x, before)

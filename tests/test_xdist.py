@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import _group_by_shared_fixtures, _lock_dir
 from tests.support import REPO
+from tests.test_tiers import UNUSED_PLUGINS
 
 
 def test_each_xdist_worker_locks_in_a_folder_of_its_own_inside_the_runs(
@@ -42,8 +43,8 @@ def test_each_xdist_worker_locks_in_a_folder_of_its_own_inside_the_runs(
 def test_tests_sharing_a_module_fixture_run_on_one_worker() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2",
-         "--dist", "loadgroup", "tests/test_export_ray.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNUSED_PLUGINS, "-v",
+         "-n", "2", "--dist", "loadgroup", "tests/test_export_ray.py"],
         capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:]

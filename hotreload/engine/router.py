@@ -10,7 +10,8 @@ requests go to the new worker at once, and the old one finishes what it holds.
 A streamed text request (`stream`) is in flight from its send to its final frame, so a
 drain waits for it; the worker that started it sends all of it (one version). Its timeout
 bounds the wait for its first token; past a reload's drain deadline the reload ends it
-(`end_streams`), and a client gone stops it in the worker (`cancel`). A text request not
+(`end_streams`; one that has sent nothing yet goes to the new version instead), and a
+client gone stops it in the worker (`cancel`). A text request not
 streamed is stopped in the worker the same way (a CANCEL, at its next token) when its
 timeout passes or its client goes away (`submit_stoppable`).
 """
@@ -56,6 +57,19 @@ MAX_ATTEMPTS = 2
 #: processes on one core stalled the old one's last requests for 300 ms at times), and a
 #: hung old forward delays the new version by this much, not by the drain deadline.
 HANDOVER_HOLD_S = 0.1
+@dataclass(frozen=True)
+class StoppedStreams:
+    """What a reload's drain deadline did to the streams in flight (`end_streams`): how
+    many ended with an error naming it, how many had sent nothing and moved to the new
+    version. True when it stopped any (they stop at their next token: a drain waits)."""
+
+    ended: int = 0
+    moved: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.ended or self.moved)
+
+
 #: Called exactly once per request with (reply frame, None) or (None, the error).
 Done = Callable[[Frame | None, BaseException | None], None]
 #: A streamed request's token frames (`PARTIAL`), each as it comes, before `Done`.
@@ -95,6 +109,9 @@ class Request:
     wire_id: Any = None
     ending: ClientError | None = None
     cancel_sent: bool = False
+    #: A stream not started at a reload's drain deadline: stopped in the old worker, then
+    #: queued again for the new version (its client has read nothing yet).
+    moving: bool = False
 
     def finish(self, frame: Frame | None, error: BaseException | None) -> None:
         if self.finished:
@@ -369,11 +386,14 @@ class ModelRouter:
         while self._queue and len(self._inflight) < self.max_inflight:
             req = self._queue.popleft()
             req.attempts += 1
+            # A stream moving at a reload whose CANCEL never left (its worker died first)
+            # is sent again as any other: this send's tokens are its client's.
+            req.moving = req.cancel_sent = False
             req.sent_at = now
             self._sent += 1
-            req.sent_to, req.seq = worker, self._sent
-            if req.attempts == 1:
+            if req.sent_to is None:  # its first send: a retry or a move waited elsewhere
                 self.queue_latency.add((now - req.enqueued_at) * 1000, now)
+            req.sent_to, req.seq = worker, self._sent
             self._inflight.add(req)
             self._idle.clear()
             blobs = [req.payload] if req.metas else []
@@ -444,6 +464,14 @@ class ModelRouter:
                     # The worker's clock passed the deadline a moment before our timer.
                     self.counters.timed_out += 1
                     req.finish(None, RequestTimeoutError(message))
+                elif err.get("code") == CANCELLED and req.moving and not req.expired:
+                    # Stopped before its first token to move to the new version: queued
+                    # again, first, behind the gate the reload holds (the old worker's send
+                    # was no attempt of its own: a death later may still retry it).
+                    req.moving = req.cancel_sent = False
+                    req.wire_id = None
+                    req.attempts -= 1
+                    self._queue.appendleft(req)
                 elif err.get("code") == CANCELLED:
                     # Stopped by `cancel`: a reload's end counts as unavailable; a client
                     # gone is nobody's failure.
@@ -460,8 +488,8 @@ class ModelRouter:
         """A streamed request's token frame: handed on, unless its client is gone (its
         CANCEL is on the way). The first lifts its timeout (which bounds the wait for the
         first token); each counts as progress for the hung-forward watchdog."""
-        if req.finished:
-            return
+        if req.finished or req.moving:
+            return  # a stream moving to the new version: the old one's start is dropped
         version = frame.header.get("version")
         if req.parts == 0:
             req.part_version = version
@@ -497,6 +525,7 @@ class ModelRouter:
         count, nobody to tell)."""
         if req.finished:
             return
+        req.moving = False  # ended, even if a reload was moving it to the new version
         req.ending = error or ClientError(f"model {self.name!r}: the client went away")
         if req in self._parked:
             self._parked.remove(req)
@@ -536,17 +565,19 @@ class ModelRouter:
         worker: Worker | None = None,
         sent_up_to: int | None = None,
         why: str | None = None,
-    ) -> int:
-        """A reload to `version` past its drain deadline: cancel the streams in flight (on
+    ) -> StoppedStreams:
+        """A reload to `version` past its drain deadline: stop the streams in flight (on
         `worker`; sent at or before send number `sent_up_to`, the ones ahead of an in-band
-        swap), each answered with an error naming the reload (`why`: naming what else
-        ends them, an unload or a shutdown). How many were cancelled."""
+        swap). One that has sent its client a token ends with an error naming the reload;
+        one that has not (it waited behind the others in the worker) is stopped there and
+        queued again for the new version. `why`: what else ends them, an unload or a
+        shutdown (all end: there is no next version)."""
         what, whose = (why, "the") if why else (f"model reloading to v{version}", "the reload's")
         error = WorkerUnavailableError(
             f"model {self.name!r}: stream ended: {what} (the stream ran past {whose} "
             f"{drain_s:g} s drain deadline, deadlines.drain_s); retry"
         )
-        ended = [
+        stopped = [
             r
             for r in (*self._inflight, *self._draining)
             if r.on_part is not None
@@ -554,9 +585,15 @@ class ModelRouter:
             and (worker is None or r.sent_to is worker)
             and (sent_up_to is None or r.seq <= sent_up_to)
         ]
-        for req in ended:
-            self.cancel(req, error)
-        return len(ended)
+        moved = 0
+        for req in stopped:
+            if why is None and req.parts == 0 and not req.cancel_sent:
+                req.moving = True
+                self._send_cancel(req)
+                moved += 1
+            else:
+                self.cancel(req, error)
+        return StoppedStreams(len(stopped) - moved, moved)
 
     @property
     def sent(self) -> int:

@@ -153,13 +153,6 @@ def stream_of(doc: dict[str, Any]) -> bool | None:
             f"'stream_options' has no field {sorted(unknown)[0]!r}; it takes include_usage",
             "stream_options",
         )
-    logprobs = doc.get("logprobs")
-    if logprobs is not None and logprobs is not False:
-        raise TextBodyError(
-            "'logprobs' cannot be streamed by hotreload: ask without 'stream' for "
-            "log-probabilities",
-            "logprobs",
-        )
     include = flag_of(options, "include_usage", False)
     return bool(include)
 

@@ -99,6 +99,15 @@ class _JsonErrorHandler(RequestHandler):
         return resp
 
 
+def close_without_lingering(request: web.Request) -> None:
+    """The connection closes right after `request`'s answer, its body not read on: for a
+    body that stopped arriving (the 408), which aiohttp would otherwise wait on for up to
+    10 s more ("lingering"), holding the connection for nothing."""
+    handler = request.protocol
+    if isinstance(handler, _JsonErrorHandler):
+        handler._close_after_response()
+
+
 class _JsonErrorServer(Server):
     def __call__(self) -> RequestHandler:
         return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)

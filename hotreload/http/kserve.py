@@ -13,7 +13,6 @@ by default, so this is the common path, not an extra.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from hotreload.engine.signature import dims_of, output_dims
 from hotreload.errors import ProtocolError
 from hotreload.protocol.framing import compact_json
 from hotreload.protocol.header_fields import json_type
+from hotreload.protocol.json_read import loads
 from hotreload.protocol.tensors import (
     BF16,
     MAX_RANK,
@@ -277,7 +277,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """Parse a KServe v2 infer request body (JSON, or JSON followed by binary tensors)."""
     head, binary = _split_body(body, header_length)
     try:
-        doc = json.loads(bytes(head))
+        doc = loads(head)
     except (ValueError, RecursionError) as exc:
         # ValueError covers a syntax error (JSONDecodeError), bad UTF-8 and an integer of
         # more than 4300 digits; RecursionError, nesting deeper than the parser goes.

@@ -23,15 +23,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hotreload import __version__
 from hotreload.engine.event_kinds import BaseEvent, HttpStarted, SessionStopping
 from hotreload.errors import ClientError, HotreloadError
 from hotreload.http.auth import token_middleware, without_details
-from hotreload.http.body import BodyError, BodyLimits, ClientGone, read_body
-from hotreload.http.edges import answer_parse_errors_in_json, http_exception_response
+from hotreload.http.body import BodyError, BodyLimits, ClientGone, compress_small, read_body
+from hotreload.http.edges import (
+    answer_parse_errors_in_json,
+    close_without_lingering,
+    http_exception_response,
+)
 from hotreload.http.kserve import (
     HEADER_LENGTH,
     InferRequestError,
@@ -173,6 +177,8 @@ class KServeApp:
             log.warning("HTTP %s %s: %s", request.method, request.path, exc.message)
             raise HttpError(exc.status, exc.message, close=True) from None
         except BodyError as exc:
+            if exc.status == 408:
+                close_without_lingering(request)
             if model is not None:
                 self.metrics.count_bad_request(model)
             where = f"model {model!r}: " if model else ""
@@ -280,11 +286,15 @@ class KServeApp:
             content_type = "application/octet-stream"
         else:
             content_type = "application/json"
-        resp = web.Response(
-            body=b"".join(pieces), headers=headers, content_type=content_type, status=200
-        )
+        body = b"".join(pieces)
         accept = request.headers.get("Accept-Encoding", "")
-        if "gzip" in accept or "deflate" in accept:
+        compress = "gzip" in accept or "deflate" in accept
+        if compress and (small := compress_small(body, accept)) is not None:
+            # A small answer (most are): coded here, at a fraction of the cost (body.py).
+            body, headers[hdrs.CONTENT_ENCODING] = small
+            compress = False
+        resp = web.Response(body=body, headers=headers, content_type=content_type, status=200)
+        if compress:
             resp.enable_compression()
         return resp
 

@@ -8,7 +8,10 @@ Server-Sent Events in the shape OpenAI's clients read (openai-python, LiteLLM).
 
 Completions stream `text_completion` chunks (`choices[].text`); chat streams
 `chat.completion.chunk`s (`choices[].delta`: the role first, then `content`, then an empty
-delta with the finish_reason). With `include_usage` every chunk carries `"usage": null`
+delta with the finish_reason). Asked for, each chunk's `logprobs` are those of the tokens
+it completes (legacy or chat shape, as the answer not streamed has them: the pieces add up
+to its list; a token that ends inside a character comes with the chunk of its text, the
+end-of-text token with the last). With `include_usage` every chunk carries `"usage": null`
 and the usage chunk the counts, as OpenAI sends them; without it no chunk has the field
 (LiteLLM fails on a usage chunk of another shape). Every chunk's `system_fingerprint` is
 the digest of the weights that wrote it, and `model_version` the version (one per stream:
@@ -36,6 +39,7 @@ from aiohttp import web
 
 from hotreload.engine.text_stream import TextStream
 from hotreload.errors import ClientError
+from hotreload.http.chat import chat_logprobs
 from hotreload.http.replies import client_error, error_body
 from hotreload.protocol.framing import Frame
 from hotreload.protocol.messages import PARTIAL
@@ -66,6 +70,8 @@ class Chunks:
         self.created = int(time.time())
         #: Per choice index: the text sent so far.
         self.sent: dict[int, str] = {}
+        #: Per choice index: how many tokens' log-probabilities were sent so far.
+        self.lp_sent: dict[int, int] = {}
 
     def _chunk(self, frame: dict[str, Any], choices: list[dict[str, Any]]) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -82,15 +88,35 @@ class Chunks:
         doc["model_version"] = frame.get("version")
         return doc
 
-    def _choice(self, index: int, text: str | None, finish: str | None) -> dict[str, Any]:
+    def _choice(
+        self,
+        index: int,
+        text: str | None,
+        finish: str | None,
+        logprobs: dict[str, list[Any]] | None = None,
+    ) -> dict[str, Any]:
+        """One chunk's choice; `logprobs`: the worker's (legacy shape) for the tokens it
+        completes, counted as sent."""
+        if logprobs is not None:
+            self.lp_sent[index] = self.lp_sent.get(index, 0) + len(logprobs["tokens"])
         if not self.chat:
-            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            doc = {"index": index, "text": text or "", "logprobs": logprobs}
+            return {**doc, "finish_reason": finish}
         delta: dict[str, Any] = {}
         if index not in self.sent:  # its first chunk says who speaks
             delta = {"role": "assistant", "content": ""}
         if text:
             delta["content"] = text
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        lp = chat_logprobs(logprobs)
+        return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+
+    def _rest(self, index: int, whole: dict[str, list[Any]] | None) -> dict[str, Any] | None:
+        """The final reply's log-probabilities not sent yet (the tokens whose text was held
+        back to the end, the end-of-text token); None when none are left."""
+        done = self.lp_sent.get(index, 0)
+        if whole is None or len(whole["tokens"]) <= done:
+            return None
+        return {key: values[done:] for key, values in whole.items()}
 
     def frame(self, frame: Frame) -> bytes:
         """The events of one frame: a token frame's pieces, or the final reply's last
@@ -100,7 +126,8 @@ class Chunks:
         if h.get(PARTIAL):
             for c in h.get("choices") or ():
                 index, text = int(c["index"]), str(c.get("text") or "")
-                out.append(event(self._chunk(h, [self._choice(index, text, None)])))
+                lp = c.get("logprobs")
+                out.append(event(self._chunk(h, [self._choice(index, text, None, lp)])))
                 self.sent[index] = self.sent.get(index, "") + text
             return b"".join(out)
         for c in sorted(h.get("choices") or (), key=lambda c: int(c["index"])):
@@ -112,11 +139,12 @@ class Chunks:
             # client's text is whole to its end, differing only where it was rewritten.
             rest = whole[len(sent) :]
             finish = c.get("finish_reason")
+            lp = self._rest(index, c.get("logprobs"))
             if self.chat and rest:
-                out.append(event(self._chunk(h, [self._choice(index, rest, None)])))
+                out.append(event(self._chunk(h, [self._choice(index, rest, None, lp)])))
                 self.sent[index] = whole
-                rest = ""
-            out.append(event(self._chunk(h, [self._choice(index, rest, finish)])))
+                rest, lp = "", None
+            out.append(event(self._chunk(h, [self._choice(index, rest, finish, lp)])))
             self.sent[index] = whole
         if self.include_usage:
             usage = self._chunk(h, [])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hotreload.errors import ProtocolError
+from hotreload.protocol.json_read import loads
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 _U32 = struct.Struct(">I")
@@ -87,7 +88,7 @@ def unpack_body(body: bytes | bytearray | memoryview) -> Frame:
             f"(at most {MAX_HEADER_BYTES} bytes)",
         )
     try:
-        header = json.loads(bytes(body[4 : 4 + head_len]))
+        header = loads(memoryview(body)[4 : 4 + head_len])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _unreadable(body, head_len, f"frame header is not valid JSON: {exc}") from None
     except (RecursionError, ValueError) as exc:
@@ -138,7 +139,7 @@ def unspill(frame: Frame) -> Frame:
             raise ValueError(
                 f"{SPILLED_HEADER} {size!r} does not fit a {len(payload)}-byte payload"
             )
-        header = json.loads(bytes(payload[:size]))
+        header = loads(payload[:size])
         if not isinstance(header, dict):
             raise ValueError(f"a JSON object was expected, got {type(header).__name__}")
     except (RecursionError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError too
@@ -253,32 +254,37 @@ class SocketFrameReader:
         self.on_bad_frame = on_bad_frame
         self.max_bytes = max_bytes
         self.chunk = chunk
-        self._buf = bytearray()
-        self._pos = 0
+        # One buffer received into again and again (`recv_into`): `recv` allocated a new
+        # chunk-sized object per call and the frame's bytes were copied twice more (into a
+        # growing buffer, then out of it). Bytes [_pos, _end) are in and not yet read.
+        self._buf = bytearray(max(chunk, 8))
+        self._view = memoryview(self._buf)
+        self._pos = self._end = 0
 
     def _fill(self, need: int) -> None:
-        while len(self._buf) - self._pos < need:
+        """At least `need` (at most 8: a frame's two lengths) bytes in the buffer."""
+        while self._end - self._pos < need:
             if self._pos:
-                # Drop consumed bytes before growing, so the buffer stays small.
-                del self._buf[: self._pos]
-                self._pos = 0
-            data = self.sock.recv(max(self.chunk, need - len(self._buf)))
-            if not data:
+                # The start of a frame's prefix, at most 7 bytes: moved to the front.
+                rest = self._end - self._pos
+                self._buf[:rest] = self._buf[self._pos : self._end]
+                self._pos, self._end = 0, rest
+            k = self.sock.recv_into(self._view[self._end :])
+            if k == 0:
                 raise ConnectionError("connection closed")
-            self._buf += data
+            self._end += k
 
     def _discard(self, n: int) -> None:
-        have = min(len(self._buf) - self._pos, n)
+        have = min(self._end - self._pos, n)
         self._pos += have
         n -= have
-        while n > 0:
-            data = self.sock.recv(min(n, 1 << 20))
-            if not data:
+        if self._pos == self._end:
+            self._pos = self._end = 0
+        while n > 0:  # everything buffered is read: the buffer takes what is skipped
+            k = self.sock.recv_into(self._view, min(n, len(self._view)))
+            if k == 0:
                 raise ConnectionError("connection closed")
-            n -= len(data)
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
+            n -= k
 
     def read(self) -> Frame:
         """The next frame. A frame too large to read goes to `on_bad_frame` (the reader
@@ -301,17 +307,15 @@ class SocketFrameReader:
         _check_length(length, self.max_bytes)
         start = self._pos + 4
         body = aligned_buffer(length, min(4 + head_len, length))
-        have = min(len(self._buf) - start, length)
-        with memoryview(self._buf) as buffered:  # released at once: _buf may be resized
-            body[:have] = buffered[start : start + have]
+        have = min(self._end - start, length)
+        body[:have] = self._view[start : start + have]
         self._pos = start + have
+        if self._pos == self._end:
+            self._pos = self._end = 0
         while have < length:
             k = self.sock.recv_into(body[have:], length - have)
             if k == 0:
                 raise ConnectionError(f"connection closed after {have} of {length} bytes")
             have += k
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
         # Writable and aligned: the worker hands the payload to torch.frombuffer as it is.
         return unpack_body(body)

@@ -52,8 +52,10 @@ class StreamCancelled(Exception):
     reload ended it): raised at a token, it ends the decode loop there."""
 
 
-#: Gets each new token's text so far.
-TextHook = Callable[[str], None]
+#: Gets each new token's text so far, and the log-probabilities of the tokens made since
+#: its last call (OpenAI's legacy shape, as `Completion.logprobs`; None when the request
+#: asked for none, or no token was made since).
+TextHook = Callable[[str, "dict[str, Any] | None"], None]
 #: Set by the `text` op for a streamed request (worker/text_op.py): each `complete` call
 #: (one choice, in answer order) takes from it the hook its text goes to, token by token. A
 #: context variable, so the prompt-side code between the op and the decode loop passes
@@ -297,17 +299,17 @@ def complete(
     opened = STREAM_TO.get()
     show = opened() if opened is not None else None
     shown = tok.decode(prompt_ids) if show is not None and s.echo else ""  # echo: the prompt
+    lp = _Logprobs(tok, s, prompt_ids) if s.logprobs is not None else None
     gen = None
     if s.temperature > 0 and s.seed is not None:
         gen = torch.Generator(device=device)
         gen.manual_seed(int(s.seed))
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     logits, cache = call(ids)
-    lp_rows: list[torch.Tensor] = []  # log-softmax of the position before each new token
     tokens_out: list[int] = []
     eos_made = False
-    want_lp = s.logprobs is not None
-    prompt_lp = logits[0].float().log_softmax(-1) if (s.echo and want_lp) else None
+    if lp is not None and s.echo:
+        lp.add_prompt(prompt_ids, logits[0].float().log_softmax(-1))
     last = logits[0, -1].float()
     finish = "length"
     first_token_s = None
@@ -318,10 +320,11 @@ def complete(
         nxt = _pick(last, s, gen)
         if first_token_s is None:
             first_token_s = time.perf_counter() - t0
-        if want_lp:
+        if lp is not None:
             # Every new token is scored, the end-of-text one too: lm-eval reads the prompt's
             # log-probabilities as all but the last entry (it asks for max_tokens=1).
-            lp_rows.append(last.log_softmax(-1))
+            row = last.log_softmax(-1)
+            lp.add(nxt, float(row[nxt]), row)
         if nxt in stop_ids:
             finish = "stop"
             eos_made = True
@@ -334,10 +337,12 @@ def complete(
             finish = "stop"
             break
         if show is not None:  # streamed: the text no later token can change, so far
-            # The newest token's text is held back to the next one: a decode may rewrite
-            # the text at its boundary once the next token comes (clean_up_tokenization_
-            # spaces: "I '" then "s" decodes "I's"), so only what two decodes agree on goes.
-            show(shown + settled(_agreed(before, text), s.stop))
+            # Where a decode may rewrite the text at its boundary once the next token
+            # comes (clean_up_tokenization_spaces: "I '" then "s" decodes "I's"), the
+            # newest token's text is held back to the next one: only what two decodes
+            # agree on goes. Else it goes at once (the first token's text too).
+            sure = text if tok.decode_extends else _agreed(before, text)
+            show(shown + settled(sure, s.stop), lp.new() if lp is not None else None)
         if len(tokens_out) == s.max_tokens:
             break
         if call.cache_kw is not None and cache is not None:
@@ -346,15 +351,15 @@ def complete(
             whole = torch.tensor([prompt_ids + tokens_out], dtype=torch.long, device=device)
             logits, cache = call(whole)
         last = logits[0, -1].float()
+    made = len(tokens_out) + eos_made  # the end-of-text token counts
     if show is not None and tokens_out:
         # The answer is whole: what was held back (the newest token's text) goes now, so
         # the stream's pieces add up to it rather than leave its end to the reply.
-        show(shown + text)
-    made = [*tokens_out, nxt] if eos_made else tokens_out  # the end-of-text token counts
-    logprobs = _legacy_logprobs(tok, prompt_ids, prompt_lp, made, lp_rows, s) if want_lp else None
+        show(shown + text, lp.new() if lp is not None else None)
+    logprobs = lp.doc if lp is not None else None
     if s.echo:
         text = tok.decode(prompt_ids) + text
-    return Completion(text, finish, len(prompt_ids), len(made), logprobs, first_token_s)
+    return Completion(text, finish, len(prompt_ids), made, logprobs, first_token_s)
 
 
 def _agreed(before: str, now: str) -> str:
@@ -384,44 +389,51 @@ def settled(text: str, stops: list[str]) -> str:
     return text[: end - held]
 
 
-def _legacy_logprobs(
-    tok: Tokenizer,
-    prompt_ids: list[int],
-    prompt_lp: torch.Tensor | None,
-    new_ids: list[int],
-    new_lp: list[torch.Tensor],
-    s: Sampling,
-) -> dict[str, Any]:
-    """OpenAI's legacy `choices[].logprobs`: the prompt's tokens first when echoed (the
-    first has no log-probability: null), then the new ones; `text_offset` is each token's
-    character offset in the prompt + answer text."""
-    k = int(s.logprobs or 0)
-    ids: list[int] = []
-    token_lp: list[float | None] = []
-    top: list[dict[str, float] | None] = []
-    if s.echo and prompt_lp is not None:
-        ids.extend(prompt_ids)
-        token_lp.append(None)
-        top.append(None)
-        # Row i scores token i + 1: one gather for the whole prompt.
-        targets = torch.tensor(prompt_ids[1:], device=prompt_lp.device)
-        picked = prompt_lp[:-1].gather(1, targets[:, None])[:, 0].tolist()
-        token_lp.extend(picked)
-        for i in range(len(prompt_ids) - 1):
-            top.append(_top(prompt_lp[i], k, tok) if k > 0 else {})
-    for t, row in zip(new_ids, new_lp, strict=True):
-        ids.append(t)
-        token_lp.append(float(row[t]))
-        top.append(_top(row, k, tok) if k > 0 else {})
-    texts = [tok.decode([i]) for i in ids]
-    start = 0 if s.echo else len(tok.decode(prompt_ids))
-    offsets = []
-    for t in texts:
-        offsets.append(start)
-        start += len(t)
-    return {
-        "tokens": texts,
-        "token_logprobs": token_lp,
-        "top_logprobs": top,
-        "text_offset": offsets,
-    }
+class _Logprobs:
+    """OpenAI's legacy `choices[].logprobs`, built a token at a time (a stream sends each
+    token's with its text): `tokens` (each one's text), `token_logprobs`, `top_logprobs`
+    (text -> value, the top k), `text_offset` (each token's character offset in the prompt
+    + answer text). Echoed, the prompt's tokens come first; the first has no
+    log-probability (null)."""
+
+    def __init__(self, tok: Tokenizer, s: Sampling, prompt_ids: list[int]) -> None:
+        self.tok, self.k = tok, int(s.logprobs or 0)
+        self.doc: dict[str, list[Any]] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        self.offset = 0 if s.echo else len(tok.decode(prompt_ids))
+        #: How many tokens `new()` has handed out.
+        self.given = 0
+
+    def add(self, t: int, value: float | None, row: torch.Tensor | None) -> None:
+        """Token `t`, its log-probability and the log-softmax row it was picked from."""
+        text = self.tok.decode([t])
+        d = self.doc
+        d["tokens"].append(text)
+        d["token_logprobs"].append(value)
+        d["top_logprobs"].append(None if row is None else self._top(row))
+        d["text_offset"].append(self.offset)
+        self.offset += len(text)
+
+    def add_prompt(self, prompt_ids: list[int], rows: torch.Tensor) -> None:
+        """The prompt's tokens (echo): row i of `rows` scores token i + 1."""
+        self.add(prompt_ids[0], None, None)
+        targets = torch.tensor(prompt_ids[1:], dtype=torch.long, device=rows.device)
+        picked = rows[:-1].gather(1, targets[:, None])[:, 0].tolist()  # one gather for all
+        for i, (t, value) in enumerate(zip(prompt_ids[1:], picked, strict=True)):
+            self.add(t, value, rows[i])
+
+    def _top(self, row: torch.Tensor) -> dict[str, float]:
+        return _top(row, self.k, self.tok) if self.k > 0 else {}
+
+    def new(self) -> dict[str, list[Any]] | None:
+        """The tokens added since the last call, in the same shape (None: none)."""
+        n = len(self.doc["tokens"])
+        if n == self.given:
+            return None
+        part = {key: values[self.given :] for key, values in self.doc.items()}
+        self.given = n
+        return part

@@ -22,6 +22,7 @@ from hotreload.worker.generate import (
     NotAGenerator,
     Sampling,
     StreamCancelled,
+    TextHook,
     TextRequestError,
     check_prompts,
     complete,
@@ -342,7 +343,10 @@ def _digest(mv: ModelVersion) -> str | None:
 
 class _Stream:
     """A streamed request's sender: one `PARTIAL` frame per token that adds text, naming
-    the version and digest that wrote it; the request's CANCEL flag is read at every token."""
+    the version and digest that wrote it, with the log-probabilities of the tokens made
+    since the last frame when the request asked for them (a token that ends inside a
+    character waits for the text it makes); the request's CANCEL flag is read at every
+    token."""
 
     def __init__(
         self,
@@ -365,7 +369,7 @@ class _Stream:
         #: Sends what the current choice holds back (its next choice calls it).
         self._flush: Callable[[], None] | None = None
 
-    def open(self) -> Callable[[str], None]:
+    def open(self) -> TextHook:
         """The hook of the next `complete` call (generate.STREAM_TO), in run_text's order.
         The choice before has ended: its text held back for grouping goes now."""
         if self._flush is not None:
@@ -374,9 +378,10 @@ class _Stream:
         first, count = (call * self.n, self.n) if self.shared else (call, 1)
         indexes = range(first, first + count)
         sent = latest = ""
+        pending: dict[str, list[Any]] | None = None
 
         def send() -> None:
-            nonlocal sent
+            nonlocal sent, pending
             if len(latest) <= len(sent):
                 return  # nothing new settled (a character or a stop string half made)
             # `latest` extends `sent` (generate.complete sends what two decodes agree on),
@@ -385,14 +390,21 @@ class _Stream:
             # (the client's text then differs from the answer only where it was rewritten).
             self._sent_at = time.perf_counter()
             delta, sent = latest[len(sent) :], latest
-            choices = [{"index": i, "text": delta} for i in indexes]
+            more = {"logprobs": pending} if pending is not None else {}
+            pending = None
+            choices = [{"index": i, "text": delta, **more} for i in indexes]
             self.worker.send({**self.head(), "choices": choices})
 
-        def show(text: str) -> None:
-            nonlocal latest
+        def show(text: str, logprobs: dict[str, list[Any]] | None) -> None:
+            nonlocal latest, pending
             self.made += 1
             if self.flag.is_set():
                 raise StreamCancelled(f"stopped after {self.made} token(s)")
+            if logprobs is not None:
+                if pending is None:
+                    pending = logprobs
+                else:
+                    pending = {k: pending[k] + logprobs[k] for k in pending}
             latest = text
             if time.perf_counter() - self._sent_at >= STREAM_FRAME_S:
                 send()  # else it goes with a later token's frame, or the reply

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,11 @@ class Tokenizer:
     _decode_skipping: Callable[[list[int]], str] | None = None
     #: The ids `decode(skip_special=True)` leaves out when the tokenizer cannot itself.
     special_ids: frozenset[int] = frozenset()
+    #: Decoding one more token only appends to the text (no clean-up pass that rewrites
+    #: what came before it, as `clean_up_tokenization_spaces` turns "I '" + "s" into
+    #: "I's"): a stream may then send each token's text at once. False where unknown (a
+    #: module's own decode): a stream holds the newest token's text back to the next one.
+    decode_extends: bool = False
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """`text`'s ids; `add_special_tokens` None: the tokenizer's own default (a Hugging
@@ -157,9 +163,35 @@ def from_folder(folder: Path) -> Tokenizer:
             source=str(folder),
             _render_chat=_hf_renderer(tok) if info["chat_template"] else None,
             _decode_skipping=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            decode_extends=_decode_extends(tok),
         )
         _folder_cache[key] = (state, made)
         return made
+
+
+def _decode_extends(tok: Any) -> bool:
+    """Whether a Hugging Face tokenizer's decode only appends as tokens come: a `tokenizers`
+    backend with no clean-up pass and no byte fallback. Byte fallback (Llama 2, Mistral,
+    Gemma) decodes a run of `<0xNN>` tokens as one: "0" (`<0x30>`) becomes two U+FFFD once
+    `<0xB2>` follows, rewriting text sent. A Python tokenizer's `convert_tokens_to_string`
+    may do anything: unknown, so held back too."""
+    if getattr(tok, "clean_up_tokenization_spaces", False):
+        return False
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    decoder = backend.decoder
+    if decoder is None:
+        return True
+    return "ByteFallback" not in _decoder_types(json.loads(decoder.__getstate__()))
+
+
+def _decoder_types(doc: dict[str, Any]) -> set[str]:
+    """A `tokenizers` decoder's type and those of the decoders a Sequence holds."""
+    types = {str(doc.get("type"))}
+    for inner in doc.get("decoders") or ():
+        types |= _decoder_types(inner)
+    return types
 
 
 def _hf_renderer(tok: Any) -> ChatRenderer:

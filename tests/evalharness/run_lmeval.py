@@ -4,7 +4,8 @@ process (lm-eval is imported once), and write what each run scored as JSON.
     python -m tests.evalharness.run_lmeval RUNS_JSON OUT_JSON
 
 RUNS_JSON: [{"label": "hf", "model": "hf", "model_args": {...}}, ...] (a run may also set
-"batch_size", "limit" and "apply_chat_template"). For each run OUT_JSON
+"batch_size", "limit", "apply_chat_template" and "tasks", its own task names; else the
+JSON list in $HR_LMEVAL_TASKS, else both tasks). For each run OUT_JSON
 holds the metrics per task, every request's responses (loglikelihoods, generations) in
 lm-eval's order, and the wall time. Run from the repository root (the task YAMLs name their
 data relative to it), offline.
@@ -71,7 +72,7 @@ def main() -> int:
     runs = json.loads(Path(sys.argv[1]).read_text())
     tasks = json.loads(os.environ.get("HR_LMEVAL_TASKS", "null")) or TASK_NAMES
     logging.basicConfig(level=logging.WARNING)
-    results = [run(spec, tasks) for spec in runs]
+    results = [run(spec, spec.get("tasks", tasks)) for spec in runs]
     Path(sys.argv[2]).write_text(json.dumps(results, indent=1))
     return 0
 

@@ -156,16 +156,26 @@ def kinds(seen: list[BaseEvent]) -> list[str]:
     return [e.kind for e in seen]
 
 
-# ----------------------------------------------------------------------------- item 1
+# ----------------------------------------------------------------------------- items 1 and 3
 
 
-def test_an_adapter_written_in_place_never_takes_the_serving_worker_down(tmp_path: Path) -> None:
+def test_an_adapter_written_in_place_never_takes_the_serving_worker_down_nor_a_nan_push_in(
+    tmp_path: Path,
+) -> None:
+    """Item 1, then item 3 on the version it built (one session): an adapter file written in
+    place is waited for while the same worker answers on; a push of NaN into an adapter
+    that is not the default, then the same NaN saved as its file, are refused."""
     config = project(tmp_path)
     target = adapter_file(config, "a")
     new = tmp_path / "new_a"
     save_wide_adapter(new, 7)
     data = (new / "adapter_model.safetensors").read_bytes()
     got: dict[str, Any] = {}
+    from safetensors.torch import load_file
+
+    saved = load_file(str(adapter_file(config, "b")))
+    nan = {k.replace(".weight", ".b.weight"): np.full(tuple(v.shape), np.nan, np.float32)
+           for k, v in saved.items()}  # fmt: skip
 
     async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         before = await answers(sup)
@@ -183,6 +193,18 @@ def test_an_adapter_written_in_place_never_takes_the_serving_worker_down(tmp_pat
         got.update(before=before, during=during, outcome=outcome, pid=pid)
         got["after"] = await answers(sup)
         got["pid_after"] = sup.record.serving.pid
+        # Item 3: over the version just built.
+        with pack_state(nan) as packed, pytest.raises(ReloadFailedError) as failed:
+            await sup.push(packed.descriptor, strict=False)
+        got["error"] = str(failed.value)
+        got["after_push"] = await answers(sup)
+        # The same NaN saved as b's file: the reload smoke-tests b as well.
+        nan_file = tmp_path / "nan.safetensors"
+        save_file({k: torch.full_like(v, float("nan")) for k, v in saved.items()}, str(nan_file))
+        nan_file.replace(adapter_file(config, "b"))
+        got["reload"] = await session.reload_model("m", trigger="file")
+        got["last"] = await answers(sup)
+        got["version"] = sup.record.version
 
     seen = run_session(config, scenario, checkpoint_s=30)
     assert "worker_died" not in kinds(seen), [e for e in seen if e.kind == "worker_died"]
@@ -194,6 +216,15 @@ def test_an_adapter_written_in_place_never_takes_the_serving_worker_down(tmp_pat
     assert outcome.ok and outcome.version == 2, outcome
     assert not np.allclose(got["after"]["a"], got["before"]["a"])  # the new a serves
     np.testing.assert_array_equal(got["after"]["b"], got["before"]["b"])
+
+    assert "non-finite" in got["error"] and "adapter 'b'" in got["error"], got["error"]
+    reload = got["reload"]
+    assert not reload.ok and reload.phase == "smoke", reload
+    assert "non-finite" in (reload.error or "") and "adapter 'b'" in (reload.error or "")
+    assert got["version"] == 2  # the version item 1 built serves on
+    for name in ("a", "b", "base"):
+        np.testing.assert_array_equal(got["after_push"][name], got["after"][name])
+        np.testing.assert_array_equal(got["last"][name], got["after"][name])
 
 
 # ----------------------------------------------------------------------------- item 1: restarts
@@ -214,30 +245,40 @@ async def restarted(sup: Any, old_pid: int, seen: list[BaseEvent]) -> None:
     await wait_for(done, "the restart (or its failure)", 120)
 
 
-def test_a_worker_that_dies_while_an_adapter_file_is_truncated_comes_back_with_it(
-    tmp_path: Path,
+def test_a_worker_that_dies_while_adapter_files_are_truncated_comes_back_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The last good snapshot holds each adapter's last good version, whatever its size:
+    files over LINK_ABOVE_BYTES are hard-linked into the snapshot (weights), and a save in
+    place rewrites a link too; adapter files are copied (real LoRA files are 10-300 MB), so a
+    restart comes back with the last good ones. Adapter a is cut short by a save left half
+    written (its reload waits in vain, v1 serves on), b truncated in place."""
+    monkeypatch.setattr(snapshots, "LINK_ABOVE_BYTES", 0)  # every file "large"
     config = project(tmp_path)
-    target = adapter_file(config, "a")
+    target_a, target_b = adapter_file(config, "a"), adapter_file(config, "b")
     got: dict[str, Any] = {}
 
     async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
         got["before"] = await answers(sup)
-        data = target.read_bytes()
-        with open(target, "wb") as f:  # truncated, and left so
+        data = target_a.read_bytes()
+        with open(target_a, "wb") as f:  # truncated, and left so
             f.write(data[: len(data) // 2])
         # The save's reload waits for the file, in vain: v1 serves on.
         outcome = await session.reload_model("m", trigger="file")
         got["reload"] = outcome
+        data_b = target_b.read_bytes()
+        with open(target_b, "r+b") as fh:  # in place: the inode (and any link to it) too
+            fh.truncate(len(data_b) // 2)
         await restarted(sup, kill_serving(sup), seen)
         got["state"] = sup.record.state
         got["after"] = await answers(sup)
+        target_b.write_bytes(data_b)
 
     seen = run_session(config, scenario, checkpoint_s=0.5)
     assert not got["reload"].ok and got["reload"].phase == "checkpoint", got["reload"]
     assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
     assert got["state"] == "serving"
-    for name in ("a", "b", "base"):  # a: its last good version, from the snapshot
+    for name in ("a", "b", "base"):  # a and b: their last good versions, from the snapshot
         np.testing.assert_array_equal(got["after"][name], got["before"][name])
 
 
@@ -277,71 +318,6 @@ def test_a_restart_with_no_good_copy_of_an_adapter_serves_the_rest_and_says_why(
     assert set(got["status"]["unavailable"]) == {"b"}, got["status"]
     assert got["reload"].ok, got["reload"]
     np.testing.assert_array_equal(got["b"], got["before"]["b"])
-
-
-def test_an_adapter_as_large_as_a_linked_weights_file_is_copied_for_a_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Files over LINK_ABOVE_BYTES are hard-linked into the snapshot (weights), and a save in
-    place rewrites a link too; adapter files are copied whatever their size (real LoRA
-    files are 10-300 MB), so a restart comes back with the last good one."""
-    monkeypatch.setattr(snapshots, "LINK_ABOVE_BYTES", 0)  # every file "large"
-    config = project(tmp_path)
-    target = adapter_file(config, "b")
-    got: dict[str, Any] = {}
-
-    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
-        got["before"] = await answers(sup)
-        data = target.read_bytes()
-        with open(target, "r+b") as fh:  # in place: the inode (and any link to it) too
-            fh.truncate(len(data) // 2)
-        await restarted(sup, kill_serving(sup), seen)
-        got["state"] = sup.record.state
-        got["after"] = await answers(sup)
-        target.write_bytes(data)
-
-    seen = run_session(config, scenario, checkpoint_s=5)
-    assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
-    assert got["state"] == "serving"
-    for name in ("a", "b", "base"):
-        np.testing.assert_array_equal(got["after"][name], got["before"][name])
-
-
-# ----------------------------------------------------------------------------- item 3
-
-
-def test_a_nan_push_to_an_adapter_that_is_not_the_default_is_refused(tmp_path: Path) -> None:
-    config = project(tmp_path)
-    got: dict[str, Any] = {}
-    from safetensors.torch import load_file
-
-    saved = load_file(str(adapter_file(config, "b")))
-    nan = {k.replace(".weight", ".b.weight"): np.full(tuple(v.shape), np.nan, np.float32)
-           for k, v in saved.items()}  # fmt: skip
-
-    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
-        got["before"] = await answers(sup)
-        with pack_state(nan) as packed, pytest.raises(ReloadFailedError) as failed:
-            await sup.push(packed.descriptor, strict=False)
-        got["error"] = str(failed.value)
-        got["after"] = await answers(sup)
-        # The same NaN saved as b's file: the reload smoke-tests b as well.
-        nan_file = tmp_path / "nan.safetensors"
-        save_file({k: torch.full_like(v, float("nan")) for k, v in saved.items()}, str(nan_file))
-        nan_file.replace(adapter_file(config, "b"))
-        got["reload"] = await session.reload_model("m", trigger="file")
-        got["last"] = await answers(sup)
-        got["version"] = sup.record.version
-
-    run_session(config, scenario)
-    assert "non-finite" in got["error"] and "adapter 'b'" in got["error"], got["error"]
-    reload = got["reload"]
-    assert not reload.ok and reload.phase == "smoke", reload
-    assert "non-finite" in (reload.error or "") and "adapter 'b'" in (reload.error or "")
-    assert got["version"] == 1
-    for name in ("a", "b", "base"):
-        np.testing.assert_array_equal(got["after"][name], got["before"][name])
-        np.testing.assert_array_equal(got["last"][name], got["before"][name])
 
 
 # ----------------------------------------------------------------------------- in process

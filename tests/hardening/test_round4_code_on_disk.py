@@ -110,15 +110,27 @@ def run_session(
 
 
 @pytest.mark.parametrize("strategy", ["inplace", "respawn"])
-def test_a_weights_save_after_a_refused_edit_undone_runs_the_code_on_disk(
-    tmp_path: Path, strategy: str
-) -> None:
+def test_each_build_runs_the_code_on_disk_when_it_started(tmp_path: Path, strategy: str) -> None:
+    """Three cases in turn, in one session. An edit saved while the first worker starts is
+    the next version (refused by the output gate), not v1: the start's snapshot is taken
+    before its worker starts (a second or more of torch's import). That refused edit undone
+    ("unchanged"), then a weights save: the save's build runs the code on disk, not the
+    refused code the failed build left imported. The other side of the rule: with a refused
+    edit on disk, a weights save's build runs it too (and is refused the same way)."""
     config = project(tmp_path, strategy)
+    edited_at_start: list[bool] = []
+
+    def edit_once_started(event: BaseEvent) -> None:
+        if isinstance(event, State) and event.state == "starting" and not edited_at_start:
+            edited_at_start.append(True)
+            set_k(config, 3)  # the snapshot is taken; the worker has not imported yet
 
     async def scenario(session: Session, sup: Any) -> None:
-        set_k(config, 3)
-        refused = await session.reload_model("m", trigger="file", detail=["model.py"])
-        assert not refused.ok and REFUSED in (refused.error or ""), refused
+        assert edited_at_start and sup.version == 1 and (await infer(sup)).shape == (1, 4)
+        edited = await session.reload_model("m", trigger="file", detail=["model.py"])
+        assert not edited.ok and REFUSED in (edited.error or ""), edited
+        assert sup.version == 1 and (await infer(sup)).shape == (1, 4)
+
         set_k(config, 4)
         undone = await session.reload_model("m", trigger="file", detail=["model.py"])
         assert undone.ok and undone.unchanged and undone.version == 1, undone
@@ -129,48 +141,15 @@ def test_a_weights_save_after_a_refused_edit_undone_runs_the_code_on_disk(
         assert saved.ok and saved.version == 2, saved
         assert (await infer(sup)).shape == (1, 4)  # K = 4, the code on disk
 
-    run_session(config, scenario)
-
-
-@pytest.mark.parametrize("strategy", ["inplace", "respawn"])
-def test_a_weights_save_with_a_refused_edit_still_on_disk_builds_that_edit(
-    tmp_path: Path, strategy: str
-) -> None:
-    """The other side of the rule: the code on disk is the refused edit, so the weights
-    save's build runs it too (and is refused the same way), whatever the strategy."""
-    config = project(tmp_path, strategy)
-
-    async def scenario(session: Session, sup: Any) -> None:
         set_k(config, 3)
         refused = await session.reload_model("m", trigger="file", detail=["model.py"])
         assert not refused.ok, refused
-        save_weights(config.parent / "w.safetensors", 1)
+        save_weights(config.parent / "w.safetensors", 2)
         saved = await session.reload_model(
             "m", trigger="file", detail=["w.safetensors"], weights_only=True
         )
         assert not saved.ok and REFUSED in (saved.error or ""), saved
-        assert sup.version == 1 and (await infer(sup)).shape == (1, 4)
-
-    run_session(config, scenario)
-
-
-@pytest.mark.parametrize("strategy", ["inplace", "respawn"])
-def test_an_edit_saved_while_the_first_worker_starts_is_the_next_version(
-    tmp_path: Path, strategy: str
-) -> None:
-    """The start's snapshot is taken before its worker starts (a second or more of torch's
-    import): an edit saved then is v2's, refused by the output gate, not v1's."""
-    config = project(tmp_path, strategy)
-
-    def edit_once_started(event: BaseEvent) -> None:
-        if isinstance(event, State) and event.state == "starting":
-            set_k(config, 3)  # the snapshot is taken; the worker has not imported yet
-
-    async def scenario(session: Session, sup: Any) -> None:
-        assert sup.version == 1 and (await infer(sup)).shape == (1, 4)
-        edited = await session.reload_model("m", trigger="file", detail=["model.py"])
-        assert not edited.ok and REFUSED in (edited.error or ""), edited
-        assert sup.version == 1 and (await infer(sup)).shape == (1, 4)
+        assert sup.version == 2 and (await infer(sup)).shape == (1, 4)
 
     run_session(config, scenario, edit_once_started)
 

@@ -6,6 +6,8 @@
   then `save_pretrained`.
 - "lm": the same weights with make_lm's own tokenizer, which has no chat template.
 - "gen": examples/tiny_lm (encode/decode and CHAT_TEMPLATE in its module).
+
+`lm_project` serves "lm" alone as a generator, beside "plain", which is not one.
 """
 
 from __future__ import annotations
@@ -77,6 +79,31 @@ def chat_project(root: Path) -> Path:
     (root / "chat_model.py").write_text(SERVED_MODEL.replace('/ "lm"', '/ "chat_lm"'))
     shutil.copy(REPO / "examples" / "tiny_lm" / "model.py", root / "tiny.py")
     config.write_text(config.read_text() + EXTRA_MODELS)
+    return config
+
+
+#: A model that is not a text generator, beside "lm" in `lm_project`.
+PLAIN = """
+import torch
+
+def build():
+    return torch.nn.Linear(4, 2)
+
+def example():
+    return torch.ones(1, 4)
+"""
+
+
+def lm_project(root: Path) -> Path:
+    """The project (its config path) of make_lm's "lm" alone as a text generator, and
+    "plain", a linear layer that is not one."""
+    config = served_project(root)
+    (root / "plain.py").write_text(PLAIN)
+    config.write_text(
+        config.read_text()
+        + '\n[[models]]\nname = "plain"\nentry = "plain.py:build"\nexample = "plain.py:example"'
+        "\nthreads = 1\nwarmup_iters = 1\n"
+    )
     return config
 
 

@@ -6,7 +6,7 @@ Every process is stopped (then its whole group killed) at teardown by `ServeProc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +53,32 @@ def http_serve(serve: Callable[..., ServeProcess]) -> Callable[..., HttpServePro
         return serve(config, *args, wait_ready=wait_ready, process_cls=HttpServeProcess)
 
     return factory
+
+
+# Sessions shared by several files of this folder, one per xdist worker (the suite puts the
+# tests using them on one worker: tests/conftest.py). Their tests only send requests: none
+# edits, reloads or pushes to them, so each sees the session as it started, and starting
+# these (a session and its workers importing torch) costs more than all their requests.
+
+
+@pytest.fixture(scope="session")
+def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProcess]:
+    """The generators "chat", "lm" and "gen" of tests/http/chat_lm.py in one session."""
+    from tests.http.chat_lm import chat_project
+    from tests.http.shared_server import shared_server, unpinned
+
+    config = unpinned(chat_project(tmp_path_factory.mktemp("chat") / "proj"))
+    with shared_server(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProcess]:
+    """One text generator, "lm" (a request may leave its model out, as lm-eval's remote
+    tokenizer does), beside "plain", a model that is not one."""
+    from tests.http.chat_lm import lm_project
+    from tests.http.shared_server import shared_server, unpinned
+
+    config = unpinned(lm_project(tmp_path_factory.mktemp("lm") / "proj"))
+    with shared_server(config) as server:
+        yield server

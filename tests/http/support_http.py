@@ -4,13 +4,25 @@ to send something malformed)."""
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def skip_unless_installed(*modules: str) -> None:
+    """Skip, as `pytest.importorskip` does, unless every module is installed, but without
+    importing any here: the test runs them in a subprocess of its own, and an import in the
+    test's process costs seconds (torch, lm-eval; LiteLLM also tries to fetch its price
+    list over the network, retrying)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed", allow_module_level=True)
 
 
 def request(

@@ -8,17 +8,16 @@ tokenizer with a BOS and a chat template), "lm" (no template), "gen" (examples/t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.http.chat_lm import chat_project, greedy, in_process
+from tests.http.chat_lm import greedy, in_process
 from tests.http.conftest import HttpServeProcess
 from tests.http.support_http import request
 from tests.http.test_real_models import load_module
-from tests.support import SHARED
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -30,25 +29,21 @@ CHAT = [
 ]
 
 
-class ChatServer(HttpServeProcess):
+@dataclass
+class ChatServer:
+    """The shared session of tests/http/conftest.py (`chat_server`) and, loaded in this
+    process, the "chat" generator's model and tokenizer."""
+
+    url: str
     root: Path
     model: Any
     tok: Any
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
-    config = chat_project(tmp_path_factory.mktemp("chat") / "proj")
-    server = ChatServer(config)
-    SHARED.add(server.proc.pid)
-    try:
-        server.wait_ready(180)
-        server.root = config.parent
-        server.model, server.tok = in_process(server.root, "chat")
-        yield server
-    finally:
-        SHARED.discard(server.proc.pid)
-        server.close()
+def server(chat_server: HttpServeProcess) -> ChatServer:
+    root = chat_server.config.parent
+    return ChatServer(chat_server.url, root, *in_process(root, "chat"))
 
 
 def post(url: str, path: str, doc: Any) -> tuple[int, dict[str, str], Any]:
@@ -296,4 +291,3 @@ def test_top_p_zero_samples_the_greedy_answer_every_time(server: ChatServer) -> 
         t for t in greedy(logits_of(model), prompt, 8, tok.eos_token_id) if t != tok.eos_token_id
     ]
     assert status == 200 and [c["text"] for c in body["choices"]] == [tok.decode(plain)] * 4
-

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from tests.http.support_http import skip_unless_installed
 from tests.support import REPO
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+# Each runs in the check's own processes (its worker, lm-eval's subprocess), not here.
+skip_unless_installed("torch", "transformers")
 
 CLIENT_STEPS = [
     "load+http",
@@ -65,8 +66,7 @@ def steps_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 def test_every_client_passes_on_the_tiny_lm(tmp_path: Path) -> None:
-    pytest.importorskip("openai")
-    pytest.importorskip("lm_eval")
+    skip_unless_installed("openai", "lm_eval")
     done = check_openai(tiny_lm(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     steps = steps_of(done)
@@ -85,8 +85,7 @@ def test_every_client_passes_on_the_tiny_lm(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_without_a_chat_template_the_chat_clients_fail_naming_it(tmp_path: Path) -> None:
-    pytest.importorskip("openai")
-    pytest.importorskip("lm_eval")
+    skip_unless_installed("openai", "lm_eval")
     done = check_openai(tiny_lm(tmp_path, chat_template=False))
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     steps = steps_of(done)

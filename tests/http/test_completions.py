@@ -1,40 +1,27 @@
 """The text routes against the model called in this process: `/v1/completions` (echo
 logprobs, greedy continuation through the KV cache, seeded sampling), the `openai` client,
 the generate extension, the tokenizer routes, the version on every answer, and the errors
-that say what to fix. Then the dev loop: an edit and a push mid-run change the version that
-answers, and a broken edit keeps the old one answering."""
+that say what to fix, on the session tests/http/conftest.py shares (`lm_server`). The dev
+loop over these routes (an edit and a push mid-run change the version that answers, a
+broken edit keeps the old one answering) is in tests/http/test_real_models.py, on the
+examples/tiny_lm session that file shares."""
 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from hotreload import Client
-from hotreload.client import http_headers
+from tests.http.conftest import HttpServeProcess
 from tests.http.support_http import request
-from tests.http.test_real_models import load_module
-from tests.support import REPO
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
-from tests.evalharness.make_lm import served_project  # noqa: E402
-
 TOL = 1e-4
-PLAIN = """
-import torch
-
-def build():
-    return torch.nn.Linear(4, 2)
-
-def example():
-    return torch.ones(1, 4)
-"""
 
 
 def post(
@@ -66,20 +53,21 @@ def greedy(model: Any, ids: list[int], n: int) -> list[int]:
     return out[len(ids) :]
 
 
-@pytest.fixture
-def lm_server(tmp_path: Path, http_serve: Any) -> Any:
-    config = served_project(tmp_path / "proj")
-    (config.parent / "plain.py").write_text(PLAIN)
-    config.write_text(
-        config.read_text()
-        + '\n[[models]]\nname = "plain"\nentry = "plain.py:build"\nexample = "plain.py:example"'
-        "\nthreads = 1\nwarmup_iters = 1\n"
-    )
-    server = http_serve(config)
-    folder = config.parent / "lm"
-    server.model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    server.tok = transformers.AutoTokenizer.from_pretrained(folder)
-    return server
+@dataclass
+class LmServer:
+    """The shared session of tests/http/conftest.py (`lm_server`: "lm" and "plain") and,
+    loaded in this process, the "lm" generator's model and tokenizer."""
+
+    url: str
+    model: Any
+    tok: Any
+
+
+@pytest.fixture(scope="module")
+def lm(lm_server: HttpServeProcess) -> LmServer:
+    folder = lm_server.config.parent / "lm"
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    return LmServer(lm_server.url, model, transformers.AutoTokenizer.from_pretrained(folder))
 
 
 def check_echo_logprobs(url: str, model: Any, tok: Any) -> None:
@@ -122,8 +110,8 @@ def check_echo_logprobs(url: str, model: Any, tok: Any) -> None:
         assert doc["system_fingerprint"].startswith("sha256:")
 
 
-def test_completions_are_the_models_own(lm_server: Any) -> None:
-    url, model, tok = lm_server.url, lm_server.model, lm_server.tok
+def test_completions_are_the_models_own(lm: LmServer) -> None:
+    url, model, tok = lm.url, lm.model, lm.tok
     check_echo_logprobs(url, model, tok)
 
     # Greedy continuation through the KV cache = greedy without one, in this process.
@@ -207,45 +195,3 @@ def check_bad_requests(url: str) -> None:
     # The generate extension is a KServe v2 route: its errors keep the v2 shape.
     got, _, doc = post(url, "/v2/models/plain/generate", {"text_input": "x"})
     assert got == 400 and "not a text generator" in doc["error"]
-
-
-def test_edits_and_pushes_mid_run_change_who_answers(tmp_path: Path, http_serve: Any) -> None:
-    proj = tmp_path / "tiny_lm"
-    shutil.copytree(
-        REPO / "examples" / "tiny_lm",
-        proj,
-        ignore=shutil.ignore_patterns("__pycache__", ".hotreload"),
-    )
-    server = http_serve(proj / "hotreload.toml")
-    ask = {"model": "gen", "prompt": "Hello", "max_tokens": 6, "temperature": 0}
-
-    def answer() -> tuple[str, int, str]:
-        status, headers, doc = post(server.url, "/v1/completions", ask)
-        assert status == 200, doc
-        assert headers["X-Hotreload-Version"] == str(doc["model_version"])
-        return doc["choices"][0]["text"], doc["model_version"], doc["system_fingerprint"]
-
-    text1, v1, d1 = answer()
-    code = proj / "model.py"
-    code.write_text(code.read_text().replace("SEED = 0\n", "SEED = 1\n"))
-    token = http_headers(proj / "hotreload.toml")  # the repository routes need the token
-    status, _, load = post(server.url, "/v2/repository/models/gen/load", {}, token)
-    assert status == 200, load
-    text2, v2, d2 = answer()
-    assert (v2, text2 != text1, d2 != d1) == (v1 + 1, True, True)
-
-    good = code.read_text()
-    code.write_text(good + "\ndef broken(:\n")
-    status, _, failed = post(server.url, "/v2/repository/models/gen/load", {}, token)
-    assert status == 500 and "keeps serving" in failed["error"]
-    assert answer() == (text2, v2, d2)
-
-    # The edit fixed, a trainer pushes weights: min_version parks the request until that
-    # version serves, and the answer names it.
-    code.write_text(good)
-    client = Client(config=proj / "hotreload.toml", timeout_s=60)
-    state = load_module(code, "hr_tiny_lm_pushed").build().state_dict()
-    pushed = client.update_weights("gen", {k: v * 0.5 for k, v in state.items()})
-    ask["min_version"] = pushed["version"]
-    text3, v3, d3 = answer()
-    assert v3 == pushed["version"] and d3 == pushed["digest"] and text3 != text2

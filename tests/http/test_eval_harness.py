@@ -1,11 +1,16 @@
 """lm-evaluation-harness scores a live `hotreload serve` exactly as it scores the same
 weights in-process: `local-completions` (with lm-eval's own tokenizer, and with its remote
 tokenizer over /tokenize) against `hf`, on a loglikelihood multiple-choice task and a
-`generate_until` task shipped under tests/evalharness/tasks (no download).
+`generate_until` task shipped under tests/evalharness/tasks (no download); and
+`local-chat-completions` against `hf` with the same chat template, on the generation task.
 
 A server that gets `echo` or `logprobs` wrong does not fail under lm-eval: it scores near
 chance without an error. So this compares every request's loglikelihood (within 1e-4), its
 is-greedy flag, every generation and every metric, not only the final accuracy.
+
+All five runs go through one lm-eval process (its import costs seconds), against the
+sessions tests/http/conftest.py shares: `lm_server` (one generator, as the remote tokenizer
+needs: it names no model) and `chat_server` ("chat", a tokenizer with a chat template).
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ from typing import Any
 
 import pytest
 
+from tests.http.support_http import skip_unless_installed
 from tests.support import REPO
 
-pytest.importorskip("lm_eval")
-pytest.importorskip("transformers")
+# lm-eval runs in a subprocess, the models in the sessions' workers: neither imports here.
+skip_unless_installed("lm_eval", "transformers")
 
-from tests.evalharness.make_lm import served_project
 
 LOGLIKELIHOOD_TOL = 1e-4
 
@@ -95,15 +100,49 @@ def assert_same_scores(ref: dict[str, Any], got: dict[str, Any]) -> None:
                     assert h_greedy == w_greedy, (label, task, row["doc_id"])
 
 
+def chat_runs(url: str, folder: Path) -> list[dict[str, Any]]:
+    """`hf` and the served "chat" generator, each rendering the folder's chat template, on
+    the generation task only (a chat has no loglikelihoods to score)."""
+    return [
+        {
+            "label": "hf, chat template",
+            "model": "hf",
+            "model_args": {"pretrained": str(folder), "dtype": "float32", "device": "cpu"},
+            "apply_chat_template": True,
+            "tasks": ["hr_tiny_gen"],
+        },
+        {
+            "label": "served, local-chat-completions",
+            "model": "local-chat-completions",
+            "model_args": {
+                "model": "chat",
+                "base_url": f"{url}/v1/chat/completions",
+                "max_retries": 1,
+            },
+            "apply_chat_template": True,
+            "tasks": ["hr_tiny_gen"],
+        },
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_lm_eval_scores_served_model_as_in_process(tmp_path: Path, http_serve: Any) -> None:
-    config = served_project(tmp_path / "proj")
-    server = http_serve(config)
-    results = run_lmeval(served_runs(server.url, config.parent / "lm"), tmp_path)
+@pytest.mark.timeout(400)
+def test_lm_eval_scores_served_completions_and_chats_as_in_process(
+    tmp_path: Path, lm_server: Any, chat_server: Any
+) -> None:
+    completions = served_runs(lm_server.url, lm_server.config.parent / "lm")
+    chats = chat_runs(chat_server.url, chat_server.config.parent / "chat_lm")
+    results = run_lmeval(completions + chats, tmp_path, timeout_s=360)
     ref = results[0]
     # The tasks are scored at all: every document has an answer.
     assert len(ref["samples"]["hr_tiny_mc"]) == 8 and len(ref["samples"]["hr_tiny_gen"]) == 6
     assert any(r["resps"][0][0] for r in ref["samples"]["hr_tiny_gen"]), "no text generated"
-    for got in results[1:]:
+    for got in results[1 : len(completions)]:
         assert_same_scores(ref, got)
+
+    chat_ref, chat_got = results[len(completions) :]
+    rows, ref_rows = chat_got["samples"]["hr_tiny_gen"], chat_ref["samples"]["hr_tiny_gen"]
+    assert len(ref_rows) == 6 and any(r["resps"][0][0] for r in ref_rows), "no text generated"
+    # Every generation, exactly, and so every metric.
+    assert [r["resps"] for r in rows] == [r["resps"] for r in ref_rows]
+    assert chat_got["metrics"] == chat_ref["metrics"]

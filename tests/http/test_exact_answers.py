@@ -18,6 +18,7 @@ import torch
 import tritonclient.http as httpclient
 
 from hotreload import AsyncClient, Client
+from tests.http.shared_server import shared_server
 from tests.support import make_project
 
 BIG_MODELS = '''
@@ -94,15 +95,15 @@ def in_process_mlp(project: Path) -> Any:
     return call
 
 
-@pytest.fixture
-def big_project(tmp_path: Path) -> Path:
-    return make_project(tmp_path, config=BIG_CONFIG, files={"big.py": BIG_MODELS})
-
-
-@pytest.fixture
-def big_session(big_project: Path, http_serve) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    server = http_serve(big_project)
-    yield server
+@pytest.fixture(scope="module")
+def big_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One session for the module: every test only asks it (no reload, no edit), and a
+    session with its three workers costs far more than the requests."""
+    config = make_project(
+        tmp_path_factory.mktemp("exact"), config=BIG_CONFIG, files={"big.py": BIG_MODELS}
+    )
+    with shared_server(config) as server:
+        yield server
 
 
 def test_one_input_gives_one_answer_whatever_the_header_length(big_session: Any) -> None:

@@ -9,6 +9,7 @@ import json
 import socket
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ import tritonclient.http as httpclient
 from hotreload.config import load_config
 from hotreload.errors import ConfigError
 from hotreload.http.body import BodyError, inflate
+from tests.http.conftest import HttpServeProcess
+from tests.http.shared_server import shared_server
 from tests.http.support_http import error_of, json_infer, request
 from tests.support import make_project
 
@@ -34,6 +37,15 @@ def limited_project(tmp_path: Path) -> Path:
     config = make_project(tmp_path)
     config.write_text(config.read_text() + LIMITS)
     return config
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProcess]:
+    """One session with the small limits for the tests that only send it requests: each
+    request leaves nothing behind (a refused body closes its own connection), and the
+    session's start costs far more than the requests."""
+    with shared_server(limited_project(tmp_path_factory.mktemp("limits"))) as server:
+        yield server
 
 
 def connect(url: str) -> socket.socket:
@@ -56,8 +68,8 @@ def bomb(mib: int, encoding: str = "gzip") -> bytes:
     return b"".join([co.compress(b"\0" * 2**20) for _ in range(mib)] + [co.flush()])
 
 
-def test_a_chunk_that_never_arrives_gets_408_by_the_deadline(tmp_path: Path, http_serve) -> None:
-    server = http_serve(limited_project(tmp_path))
+def test_a_chunk_that_never_arrives_gets_408_by_the_deadline(limited: HttpServeProcess) -> None:
+    server = limited
     sock = connect(server.url)
     try:
         sock.sendall(
@@ -66,16 +78,21 @@ def test_a_chunk_that_never_arrives_gets_408_by_the_deadline(tmp_path: Path, htt
             # Within the body limit (a larger declared chunk gets 413 at once: chunk_limit.py).
             b"400\r\n" + b'{"inputs": ['
         )
+        sent = time.monotonic()
         answer = read_until_closed(sock)  # closed by the server, not by our timeout
+        closed_after_s = time.monotonic() - sent
     finally:
         sock.close()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), answer[:300]
     assert b"did not arrive within 1 s" in body and b"body_timeout_s" in body
+    # Closed with the answer: not after aiohttp's 10 s wait for the rest of the body
+    # ("lingering"), which held the connection for nothing (1 s deadline + 10 s).
+    assert closed_after_s < 8, closed_after_s
 
 
-def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path, http_serve) -> None:
-    server = http_serve(limited_project(tmp_path))
+def test_an_idle_keep_alive_connection_is_closed(limited: HttpServeProcess) -> None:
+    server = limited
     sock = connect(server.url)
     try:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -85,8 +102,8 @@ def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path, http_serve) -> 
     assert answer.startswith(b"HTTP/1.1 200")
 
 
-def test_tritonclient_does_not_notice_idle_connections_closing(tmp_path: Path, http_serve) -> None:
-    server = http_serve(limited_project(tmp_path))
+def test_tritonclient_does_not_notice_idle_connections_closing(limited: HttpServeProcess) -> None:
+    server = limited
     client = httpclient.InferenceServerClient(url=server.address, network_timeout=30)
     try:
         x = np.full((1, 64), 0.5, dtype=np.float32)
@@ -102,9 +119,9 @@ def test_tritonclient_does_not_notice_idle_connections_closing(tmp_path: Path, h
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_bombs_are_refused_while_inflating_and_good_bodies_pass(
-    tmp_path: Path, http_serve, encoding: str
+    limited: HttpServeProcess, encoding: str
 ) -> None:
-    server = http_serve(limited_project(tmp_path))
+    server = limited
     path = "/v2/models/mlp/infer"
     plain = json_infer(X, [1, 64], name="input")
     status, _, want = request(server.url, path, plain)
@@ -123,8 +140,8 @@ def test_bombs_are_refused_while_inflating_and_good_bodies_pass(
     assert request(server.url, path, plain)[0] == 200
 
 
-def test_odd_encodings_and_broken_bodies(tmp_path: Path, http_serve) -> None:
-    server = http_serve(limited_project(tmp_path))
+def test_odd_encodings_and_broken_bodies(limited: HttpServeProcess) -> None:
+    server = limited
     path = "/v2/models/mlp/infer"
     status, _, body = request(server.url, path, b"x", {"Content-Encoding": "br"})
     assert status == 415 and "send gzip, deflate or none" in error_of(body)

@@ -1,6 +1,7 @@
 """The models people actually edit, built from transformers configs with random weights (no
-download): any sequence length, text in and out, Hugging Face output structures, bfloat16.
-Each served answer is compared with the same model called in this process."""
+download): any sequence length, text in and out, Hugging Face output structures, bfloat16,
+and the dev loop on examples/tiny_lm (edits and a push mid-run, a broken edit). Each served
+answer is compared with the same model called in this process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import importlib.util
 import json
 import shutil
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,10 @@ import pytest
 import torch
 
 from hotreload import AsyncClient, Client
+from hotreload.client import http_headers
 from hotreload.errors import BadRequestError, ConfigError
+from tests.http.conftest import HttpServeProcess
+from tests.http.shared_server import shared_server
 from tests.http.support_http import json_infer, request
 from tests.support import REPO, count_events
 
@@ -91,11 +97,14 @@ def project(tmp_path: Path, config: str, files: dict[str, str]) -> Path:
     return proj / "hotreload.toml"
 
 
-@pytest.fixture
-def tiny_lm(tmp_path: Path, http_serve) -> Any:  # type: ignore[no-untyped-def]
-    proj = tmp_path / "tiny_lm"
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProcess]:
+    """One examples/tiny_lm session for the module's tiny_lm tests: the one that edits its
+    code and pushes its weights comes after the one that only asks it."""
+    proj = tmp_path_factory.mktemp("tiny") / "tiny_lm"
     shutil.copytree(TINY_LM, proj, ignore=shutil.ignore_patterns("__pycache__", ".hotreload"))
-    return http_serve(proj / "hotreload.toml")
+    with shared_server(proj / "hotreload.toml") as server:
+        yield server
 
 
 def test_tiny_lm_prompts_in_text_out_over_every_client(tiny_lm: Any) -> None:
@@ -147,7 +156,18 @@ def test_tiny_lm_prompts_in_text_out_over_every_client(tiny_lm: Any) -> None:
     assert json.loads(answer)["outputs"][0]["data"] == in_process(prompts[:2], 6)
 
 
-def test_tiny_lm_sampling_edit_goes_live(tiny_lm: Any) -> None:
+def test_tiny_lm_edits_and_pushes_go_live_and_a_broken_edit_keeps_serving(
+    tiny_lm: HttpServeProcess,
+) -> None:
+    """The dev loop on one session: a sampling edit reloaded over the socket client; then,
+    over HTTP, an edit and a push mid-run change the version that answers /v1/completions,
+    and a broken edit keeps the old one answering. (It edits and pushes to the module's
+    session: the other tiny_lm test comes before it.)"""
+    check_a_sampling_edit_goes_live(tiny_lm)
+    check_edits_and_pushes_mid_run_change_who_answers(tiny_lm)
+
+
+def check_a_sampling_edit_goes_live(tiny_lm: HttpServeProcess) -> None:
     client = Client(config=tiny_lm.config, timeout_s=60)
     before = client.infer("gen", ["Hello"], parameters={"max_new_tokens": 6}).output
     code = tiny_lm.config.parent / "model.py"
@@ -161,15 +181,90 @@ def test_tiny_lm_sampling_edit_goes_live(tiny_lm: Any) -> None:
         assert after == module.build()(["Hello"], max_new_tokens=6)
 
 
-def test_an_encoder_takes_any_sequence_length_it_declares(tmp_path: Path, http_serve) -> None:
+def post(url: str, path: str, doc: Any, extra: dict[str, str]) -> tuple[int, dict[str, str], Any]:
+    headers = {"Content-Type": "application/json", **extra}
+    status, got, body = request(url, path, json.dumps(doc).encode(), headers, timeout=60)
+    return status, got, json.loads(body)
+
+
+def check_edits_and_pushes_mid_run_change_who_answers(server: HttpServeProcess) -> None:
+    proj = server.config.parent
+    token = http_headers(proj / "hotreload.toml")  # the repository routes need the token
+    ask = {"model": "gen", "prompt": "Hello", "max_tokens": 6, "temperature": 0}
+
+    def answer() -> tuple[str, int, str]:
+        status, headers, doc = post(server.url, "/v1/completions", ask, {})
+        assert status == 200, doc
+        assert headers["X-Hotreload-Version"] == str(doc["model_version"])
+        return doc["choices"][0]["text"], doc["model_version"], doc["system_fingerprint"]
+
+    text1, v1, d1 = answer()
+    code = proj / "model.py"
+    code.write_text(code.read_text().replace("SEED = 0\n", "SEED = 1\n"))
+    status, _, load = post(server.url, "/v2/repository/models/gen/load", {}, token)
+    assert status == 200, load
+    text2, v2, d2 = answer()
+    assert (v2, text2 != text1, d2 != d1) == (v1 + 1, True, True)
+
+    good = code.read_text()
+    code.write_text(good + "\ndef broken(:\n")
+    status, _, failed = post(server.url, "/v2/repository/models/gen/load", {}, token)
+    assert status == 500 and "keeps serving" in failed["error"]
+    assert answer() == (text2, v2, d2)
+
+    # The edit fixed, a trainer pushes weights: min_version parks the request until that
+    # version serves, and the answer names it.
+    code.write_text(good)
+    client = Client(config=proj / "hotreload.toml", timeout_s=60)
+    state = load_module(code, "hr_tiny_lm_pushed").build().state_dict()
+    pushed = client.update_weights("gen", {k: v * 0.5 for k, v in state.items()})
+    ask["min_version"] = pushed["version"]
+    text3, v3, d3 = answer()
+    assert v3 == pushed["version"] and d3 == pushed["digest"] and text3 != text2
+
+
+#: The encoder, the causal LM and the odd outputs in one session: their tests only ask it.
+MODELS_CONFIG = """
+[[models]]
+name = "enc"
+entry = "enc.py:build"
+example = "enc.py:example"
+threads = 1
+warmup_iters = 1
+shapes = { input_ids = [-1, -1], attention_mask = [-1, -1] }
+
+[[models]]
+name = "lm"
+entry = "lm.py:build"
+example = "lm.py:example"
+threads = 1
+warmup_iters = 1
+shapes = { input_ids = [-1, -1] }
+
+[[models]]
+name = "odd"
+entry = "odd.py:build"
+example = "odd.py:example"
+threads = 1
+warmup_iters = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProcess]:
+    """One session serving "enc", "lm" and "odd" for the tests that only send it requests:
+    a session with its workers costs more than their requests."""
     config = project(
-        tmp_path,
-        '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'
-        "threads = 1\nwarmup_iters = 1\n"
-        "shapes = { input_ids = [-1, -1], attention_mask = [-1, -1] }\n",
-        {"enc.py": ENCODER},
+        tmp_path_factory.mktemp("models"),
+        MODELS_CONFIG,
+        {"enc.py": ENCODER, "lm.py": CAUSAL, "odd.py": ODD_OUTPUTS},
     )
-    server = http_serve(config)
+    with shared_server(config) as server:
+        yield server
+
+
+def test_an_encoder_takes_any_sequence_length_it_declares(models: HttpServeProcess) -> None:
+    server, config = models, models.config
     assert "inputs input_ids [-1, -1], attention_mask [-1, -1]" in server.output
     model = load_module(config.parent / "enc.py", "hr_encoder").build()
     client = Client(config=config, timeout_s=60)
@@ -200,15 +295,9 @@ def test_an_encoder_takes_any_sequence_length_it_declares(tmp_path: Path, http_s
 
 
 def test_hugging_face_outputs_are_flattened_and_a_cache_is_left_out_once(
-    tmp_path: Path, serve
+    models: HttpServeProcess,
 ) -> None:
-    config = project(
-        tmp_path,
-        '[[models]]\nname = "lm"\nentry = "lm.py:build"\nexample = "lm.py:example"\n'
-        "threads = 1\nwarmup_iters = 1\nshapes = { input_ids = [-1, -1] }\n",
-        {"lm.py": CAUSAL},
-    )
-    session = serve(config)
+    session, config = models, models.config
     assert "note: output field(s) 'cache' (DynamicCache) cannot travel" in session.output
     assert "use_cache=False" in session.output
     model = load_module(config.parent / "lm.py", "hr_causal").build()
@@ -224,17 +313,11 @@ def test_hugging_face_outputs_are_flattened_and_a_cache_is_left_out_once(
     ]
     np.testing.assert_allclose(out["hidden_states.2"], ref.hidden_states[2], atol=1e-4)
     client.infer("lm", {"input_ids": ids[:, :4]})
-    assert count_events(config, "model_note") == 1  # said once, not per request
+    assert count_events(config, "model_note", model="lm") == 1  # said once, not per request
 
 
-def test_nested_none_and_bfloat16_outputs_travel(tmp_path: Path, http_serve) -> None:
-    config = project(
-        tmp_path,
-        '[[models]]\nname = "odd"\nentry = "odd.py:build"\nexample = "odd.py:example"\n'
-        "threads = 1\nwarmup_iters = 1\n",
-        {"odd.py": ODD_OUTPUTS},
-    )
-    server = http_serve(config)
+def test_nested_none_and_bfloat16_outputs_travel(models: HttpServeProcess) -> None:
+    server, config = models, models.config
     x = np.array([[1.0, 2.5, -3.0, 0.1]], np.float32)
     client = Client(config=config)
     out, _, _ = client.infer("odd", x)
@@ -253,17 +336,36 @@ def test_nested_none_and_bfloat16_outputs_travel(tmp_path: Path, http_serve) -> 
     assert outputs["half"]["data"] == want_half.float().ravel().tolist()
 
 
-@pytest.mark.parametrize(
-    ("shapes", "message"),
-    [
-        ("{ tokens = [-1, -1] }", "`shapes` names 'tokens', but the example's inputs are"),
-        ("{ input_ids = [-1] }", "shapes.input_ids = [-1] has 1 dimension(s)"),
-        ("{ input_ids = [-1, 8] }", "fixes dimension 1 at 8, but the example's 'input_ids'"),
-    ],
-)
-def test_a_wrong_shapes_declaration_fails_the_start_and_says_why(
-    tmp_path: Path, serve, shapes: str, message: str
-) -> None:
+WRONG_SHAPES = [
+    ("{ tokens = [-1, -1] }", "`shapes` names 'tokens', but the example's inputs are"),
+    ("{ input_ids = [-1] }", "shapes.input_ids = [-1] has 1 dimension(s)"),
+    ("{ input_ids = [-1, 8] }", "fixes dimension 1 at 8, but the example's 'input_ids'"),
+]
+
+
+@pytest.mark.parametrize(("shapes", "message"), WRONG_SHAPES)
+def test_a_wrong_shapes_declaration_is_refused_saying_why(shapes: str, message: str) -> None:
+    """Each wrong declaration against the encoder's own example, through the worker's
+    check (a SignatureError); the test below sees one fail a real session's start."""
+    import tomllib
+
+    from hotreload.worker.signatures import (
+        SignatureError,
+        input_signature,
+        normalise_example,
+    )
+
+    encoder = types.ModuleType("hr_encoder_example")
+    exec(ENCODER, encoder.__dict__)
+    declared = tomllib.loads(f"shapes = {shapes}")["shapes"]
+    form, named = normalise_example(encoder.example())
+    with pytest.raises(SignatureError) as refused:
+        input_signature(named, form, declared)
+    assert message in str(refused.value)
+
+
+def test_a_wrong_shapes_declaration_fails_the_start_and_says_why(tmp_path: Path, serve) -> None:
+    shapes, message = WRONG_SHAPES[0]
     config = project(
         tmp_path,
         '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'

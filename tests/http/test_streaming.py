@@ -3,7 +3,9 @@
 same weights called in this process), the usage chunk OpenAI sends with
 `stream_options.include_usage` and none without, every chunk naming the weights that wrote
 it. A client that hangs up stops its decoding at once; a reload past its drain deadline
-ends a stream with an error the client's SDK raises, naming the reload.
+ends a stream with an error the client's SDK raises, naming the reload. (LiteLLM reading a
+streamed chat and its usage chunk: tests/http/test_openai_clients.py, in the one LiteLLM
+process that file starts.)
 
 Two generators in one session: "lm" (a tiny GPT-2 with a byte-level BPE tokenizer,
 tests/evalharness/make_lm.py) and "count" (tests/stream_lm.py: an answer of exactly
@@ -15,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -208,59 +207,38 @@ def test_chat_streams_deltas_of_the_answer_it_gives_whole(server: StreamServer) 
     assert {c.system_fingerprint for c in chunks} == {whole.system_fingerprint}
 
 
-LITELLM_STREAM = """
-import json, sys
+def test_openai_streams_logprobs_that_add_up_to_the_answers(server: StreamServer) -> None:
+    """`logprobs` streamed, read by the `openai` client: each chunk's are those of the
+    tokens it brings, and together they are the list of the answer not streamed, in the
+    legacy shape (completions, a byte-level tokenizer whose text goes at each token) and
+    the chat shape (a model's own tokenizer, its text a token behind)."""
+    client = client_of(server)
+    ask: dict[str, Any] = {"model": "lm", "prompt": PROMPT, "max_tokens": 12, "logprobs": 2}
+    whole = client.completions.create(**ask, temperature=0).choices[0].logprobs
+    chunks = list(client.completions.create(**ask, temperature=0, stream=True))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert len(parts) > 1  # streamed, not all at the end
+    for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [x for p in parts for x in getattr(p, field)] == getattr(whole, field), field
 
-import litellm
-
-url = sys.argv[1]
-chunks = list(litellm.completion(
-    model="openai/count", api_base=url + "/v1", api_key="unused", max_tokens=5,
-    temperature=0, messages=[{"role": "user", "content": "ab"}], stream=True,
-    stream_options={"include_usage": True},
-))
-usage = [c.usage for c in chunks if getattr(c, "usage", None)]
-print(json.dumps({
-    "content": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
-    "finish": [c.choices[0].finish_reason for c in chunks if c.choices][-1],
-    "completion_tokens": usage[-1].completion_tokens if usage else None,
-}))
-"""
-
-
-def test_litellm_streams_a_chat_and_reads_its_usage(server: StreamServer) -> None:
-    """LiteLLM's OpenAI-compatible provider reads the stream, the usage chunk included
-    (it fails on a usage chunk of another shape than OpenAI's)."""
-    pytest.importorskip("litellm")
-    env = dict(
-        os.environ,
-        LITELLM_LOCAL_MODEL_COST_MAP="True",  # its price list from the package: no network
-        LITELLM_TELEMETRY="False",
-        PYTHONWARNINGS="ignore",
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", LITELLM_STREAM, server.url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    whole = client_of(server).chat.completions.create(
-        model="count", messages=[{"role": "user", "content": "ab"}], max_tokens=5, temperature=0
-    )
-    assert got == {
-        "content": whole.choices[0].message.content,
-        "finish": "length",
-        "completion_tokens": 5,
-    }
+    messages = [{"role": "user", "content": "ab"}]
+    chat: dict[str, Any] = {"model": "count", "messages": messages, "max_tokens": 5}
+    chat.update(logprobs=True, top_logprobs=2, temperature=0)
+    want = client.chat.completions.create(**chat).choices[0].logprobs.content
+    streamed = list(client.chat.completions.create(**chat, stream=True))
+    got = [
+        e
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert [e.model_dump() for e in got] == [e.model_dump() for e in want]
+    assert len(want) == 5
 
 
 BAD_STREAMS = [
     ({"stream": "yes"}, "'stream' must be true or false", "stream"),
     ({"stream_options": {"include_usage": True}}, "only allowed with 'stream': true", None),
-    ({"stream": True, "logprobs": 1}, "'logprobs' cannot be streamed", "logprobs"),
     ({"stream": True, "stream_options": {"usage": True}}, "has no field 'usage'", None),
     ({"stream": True, "prompt": "x " * 600}, "maximum context length is 512", None),
 ]

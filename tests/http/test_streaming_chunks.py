@@ -45,7 +45,7 @@ class ScriptLM(torch.nn.Module):
         return logits
 
 
-def byte_tokenizer() -> Tokenizer:
+def byte_tokenizer(decode_extends: bool = False) -> Tokenizer:
     return Tokenizer(
         lambda text: list(text.encode()),
         lambda ids: bytes(ids).decode("utf-8", errors="replace"),
@@ -54,17 +54,18 @@ def byte_tokenizer() -> Tokenizer:
         bos_id=None,
         info={},
         source="bytes",
+        decode_extends=decode_extends,
     )
 
 
-def streamed(stop: list[str]) -> tuple[list[str], Any]:
+def streamed(stop: list[str], decode_extends: bool = False) -> tuple[list[str], Any]:
     """What the hook was shown, token by token, and the completion."""
     shown: list[str] = []
-    token = STREAM_TO.set(lambda: shown.append)
+    token = STREAM_TO.set(lambda: lambda text, _logprobs: shown.append(text))
     try:
         done = complete(
             ModelCall.of(ScriptLM()),
-            byte_tokenizer(),
+            byte_tokenizer(decode_extends),
             [0],
             Sampling(max_tokens=len(ANSWER.encode()), temperature=0.0, stop=stop),
             torch.device("cpu"),
@@ -74,9 +75,10 @@ def streamed(stop: list[str]) -> tuple[list[str], Any]:
     return shown, done
 
 
+@pytest.mark.parametrize("extends", [False, True])
 @pytest.mark.parametrize("stop", [[], ["wö"], ["lo w"]])
-def test_the_hook_shows_only_text_that_stays(stop: list[str]) -> None:
-    shown, done = streamed(stop)
+def test_the_hook_shows_only_text_that_stays(stop: list[str], extends: bool) -> None:
+    shown, done = streamed(stop, extends)
     plain = complete(
         ModelCall.of(ScriptLM()),
         byte_tokenizer(),
@@ -96,6 +98,81 @@ def test_the_hook_shows_only_text_that_stays(stop: list[str]) -> None:
     assert all(done.text.startswith(s) for s in shown)  # never text the answer drops
     assert all(a == b[: len(a)] for a, b in itertools.pairwise(shown))
     assert len(set(shown)) >= 3  # it grew token by token
+
+
+def test_a_decode_that_only_appends_shows_each_tokens_text_at_that_token() -> None:
+    """A tokenizer whose decode only appends: the first token's text is shown at the
+    first token (time to the first streamed token is the prefill's), and "é", two byte
+    tokens, at its second byte. Where a decode may rewrite, each waits one token more."""
+    shown, _ = streamed([], decode_extends=True)
+    assert shown[:4] == ["h", "h", "hé", "hél"]
+    held, _ = streamed([], decode_extends=False)
+    assert held[:4] == ["", "h", "h", "hé"]
+
+
+@pytest.mark.parametrize("clean_up", [False, True])
+def test_a_tokenizer_folder_says_whether_its_decode_only_appends(
+    tmp_path: Any, clean_up: bool
+) -> None:
+    """transformers' clean_up_tokenization_spaces rewrites text before a later token
+    ("I '" + "s" -> "I's"): only a tokenizer without it streams each token at once."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from hotreload.worker.text_tokenizer import from_folder
+
+    vocab = {"[UNK]": 0, "I": 1, "'": 2, "s": 3}
+    raw = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw, unk_token="[UNK]", clean_up_tokenization_spaces=clean_up
+    )
+    hf.save_pretrained(tmp_path / f"tok-{clean_up}")
+    tok = from_folder(tmp_path / f"tok-{clean_up}")
+    assert tok.decode_extends is (not clean_up)
+    assert tok.decode(tok.encode("I ' s")) == ("I's" if clean_up else "I ' s")
+
+
+def test_a_byte_fallback_tokenizer_holds_the_newest_token_back(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Byte fallback (Llama 2, Mistral, Gemma) decodes a run of byte tokens as one: "0"
+    then "0" + half a character decodes two U+FFFD, rewriting the "0" a stream sent. Such
+    a tokenizer is held back a token, and its stream still adds up to the answer."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from hotreload.worker.text_tokenizer import from_folder
+
+    vocab = {"<unk>": 0, "\u2581Hi": 1, "<0x30>": 2, "<0xB2>": 3, "\u2581world": 4}
+    raw = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    d = tokenizers.decoders
+    steps = [d.Replace("\u2581", " "), d.ByteFallback(), d.Fuse(), d.Strip(" ", 1, 0)]
+    raw.decoder = d.Sequence(steps)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    hf.save_pretrained(tmp_path / "bytes")
+    tok = from_folder(tmp_path / "bytes")
+    assert tok.decode([1, 2]) == "Hi0" and tok.decode([1, 2, 3]) == "Hi\ufffd\ufffd"
+    assert tok.decode_extends is False
+
+    class Script(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            at = min(input_ids.shape[1] - 1, 3)
+            logits = torch.zeros((1, input_ids.shape[1], len(vocab)))
+            logits[0, -1, [2, 3, 4, 4][at]] = 1.0
+            return logits
+
+    sampling = Sampling(max_tokens=3, temperature=0.0)
+    done: list[Any] = []
+
+    def shows(opened: Any) -> None:
+        token = STREAM_TO.set(opened)
+        try:
+            done.append(complete(ModelCall.of(Script()), tok, [1], sampling, torch.device("cpu")))
+        finally:
+            STREAM_TO.reset(token)
+
+    frames = worker_frames(monkeypatch, shows)
+    assert done[0].text == "\ufffd\ufffd world"
+    assert client_text(frames, done[0].text) == done[0].text
 
 
 def test_settled_holds_back_a_character_or_a_stop_string_half_made() -> None:
@@ -202,9 +279,9 @@ def test_text_rewritten_further_back_than_a_token_does_not_cut_the_stream(
 
     def shows(opened: Any) -> None:
         show = opened()
-        show("ab")
-        show("xbcd")  # rewrote "a", added "cd"
-        show("xbcdef")
+        show("ab", None)
+        show("xbcd", None)  # rewrote "a", added "cd"
+        show("xbcdef", None)
 
     frames = worker_frames(monkeypatch, shows)
     assert [f.header["choices"][0]["text"] for f in frames] == ["ab", "cd", "ef"]
@@ -233,6 +310,74 @@ def parsed(data: bytes) -> list[Any]:
         body = block.removeprefix("data: ")
         out.append(body if body == "[DONE]" else json.loads(body))
     return out
+
+
+class EndingLM(ScriptLM):
+    """ScriptLM, then its end-of-text token (0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.script = [*self.script, 0]
+
+
+@pytest.mark.parametrize("extends", [False, True])
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_streamed_logprobs_add_up_to_the_answers(
+    monkeypatch: pytest.MonkeyPatch, kind: str, extends: bool
+) -> None:
+    """Each chunk carries the log-probabilities of the tokens it completes: a byte that
+    ends inside "é" comes with the chunk of its text, the end-of-text token (its text all
+    sent) with the final reply's chunk. Together they are the answer's list, in the
+    route's shape (legacy or chat)."""
+    tok = byte_tokenizer(extends)
+    tok.eos_id = 0
+    sampling = Sampling(max_tokens=40, temperature=0.0, logprobs=2)
+    plain = complete(ModelCall.of(EndingLM()), tok, [0], sampling, torch.device("cpu"))
+    assert plain.finish_reason == "stop" and plain.text == ANSWER
+    whole = plain.logprobs
+    assert whole is not None and len(whole["tokens"]) == len(ANSWER.encode()) + 1
+    done: list[Any] = []
+
+    def shows(opened: Any) -> None:
+        token = STREAM_TO.set(opened)
+        try:
+            done.append(complete(ModelCall.of(EndingLM()), tok, [0], sampling, torch.device("cpu")))
+        finally:
+            STREAM_TO.reset(token)
+
+    frames = worker_frames(monkeypatch, shows)
+    assert done[0].logprobs == whole  # streaming changes nothing of the answer
+    sent = [f.header["choices"][0].get("logprobs") for f in frames]
+    # "é" is two bytes: its first waits, unsent, for the frame of the text it makes.
+    assert all(lp is None or lp["tokens"] for lp in sent)
+    assert any(lp is not None and len(lp["tokens"]) == 2 for lp in sent)
+    chunks = Chunks(kind, "lm", include_usage=False)
+    reply = final([ANSWER], "stop")
+    reply.header["choices"][0]["logprobs"] = whole
+    data = b"".join(chunks.frame(f) for f in [*frames, reply])
+    *docs, done_line = parsed(data)
+    assert done_line == "[DONE]"
+    lps = [d["choices"][0]["logprobs"] for d in docs]
+    if kind == "completion":
+        got: dict[str, list[Any]] = {k: [] for k in whole}
+        for lp in lps:
+            for k in got:
+                got[k] += lp[k] if lp else []
+        assert got == whole
+        assert "".join(d["choices"][0]["text"] for d in docs) == ANSWER
+    else:
+        content = [e for lp in lps if lp for e in lp["content"]]
+        assert [e["token"] for e in content] == whole["tokens"]
+        assert [e["logprob"] for e in content] == whole["token_logprobs"]
+        assert [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in content] == [
+            top for top in whole["top_logprobs"]
+        ]
+    eos = whole["tokens"][-1]
+    if extends:  # the text was all sent: the end-of-text token's comes with the reply
+        assert sent[-1] is not None and sent[-1]["tokens"][-1] != eos
+        assert lps[-1] is not None
+    else:  # the last token's text was held back: it goes with the held-back text
+        assert sent[-1] is not None and sent[-1]["tokens"][-1] == eos
 
 
 def test_completion_chunks_with_usage_are_openais() -> None:

@@ -280,6 +280,12 @@ class FakeWorker(Worker):
             await asyncio.wait([task, death], return_when=asyncio.FIRST_COMPLETED)
         finally:
             death.cancel()
+            if not task.done():
+                # Left behind (the worker died, or the caller gave up): its end is read
+                # here, or asyncio logs it as never retrieved, a traceback formatted in
+                # whichever allocation's garbage collection finalizes it (under Python 3.11,
+                # inside another ast.parse: a SystemError there).
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
         if not task.done():
             task.cancel()
             raise WorkerDied(self.exit_reason or "worker died")

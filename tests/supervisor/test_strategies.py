@@ -2,8 +2,9 @@
 
 The strategies are values (engine/model/inplace.py, respawn.py); what they learn about a
 model goes into its state. These cases drive them through the port on the scripted fake:
-the real processes' side of each is in tests/test_reload.py (a fresh worker after a second
-import fails, the resource policy) and tests/test_config_reload.py (live settings).
+the real processes' side of each is in tests/test_reload.py (a runtime error in a reused
+standby retried in a fresh worker, a recycled worker re-importing the code, the resource
+policy) and tests/test_config_reload.py (live settings).
 """
 
 from __future__ import annotations
@@ -102,3 +103,60 @@ async def test_live_settings_reach_the_router_and_the_next_spawn_at_once(make: M
     assert (sup.router.max_queue_size, sup.router.request_timeout_s) == (3, 7.0)
     assert script.ops()[-1] == WorkerOp.SWAP, "nothing was built"
     assert (await sup.reload("file")).ok and sup.model is new
+
+
+def _spawn_details(sup: ModelSupervisor) -> list[str]:
+    """The detail of each spawn phase, in order: where the build's worker came from."""
+    seen = sup.seen  # type: ignore[attr-defined]
+    return [str(e.detail) for e in seen if e.kind == "phase_end" and e.phase == "spawn"]
+
+
+@stepped
+async def test_recycle_0_builds_in_a_standby_started_ahead_and_a_new_one_follows_each_reload(
+    make: Make,
+) -> None:
+    """`recycle = 0`: each version is built in a standby started ahead of time, a new one
+    starts after each reload, and the worker that served is stopped, never kept. With real
+    processes: tests/test_reload.py, `test_respawn_builds_in_a_standby_worker` (a recycled
+    standby's status; with no standby, each retired worker's process ends)."""
+    script = Script()
+    sup = make(script, strategy="respawn", standby=True, recycle=0)
+    await sup.start()
+    for version in (2, 3):
+        await _standby(sup)
+        serving, standby = sup.worker, sup.record.standby
+        assert serving is not None and standby is not None
+        outcome = await sup.reload("file")
+        assert outcome.ok and outcome.version == version, outcome
+        assert sup.worker is standby, "the standby built the version and serves it"
+        assert "started ahead of time" in _spawn_details(sup)[-1]
+        assert not serving.alive and "stop" in script.ops(serving.pid), "the old worker stopped"
+        assert WorkerOp.RETIRE not in script.ops(serving.pid), "not kept as the next standby"
+        await _standby(sup)
+        assert sup.record.standby not in (serving, standby)
+        assert sup.record.standby.recycled == 0
+    ready = [e for e in sup.seen if e.kind == "standby_ready"]  # type: ignore[attr-defined]
+    assert len(ready) == 3 and not any(e.recycled for e in ready)
+    assert (await request(sup)).header["version"] == 3
+
+
+@stepped
+async def test_without_a_standby_each_reload_spawns_its_worker_and_stops_the_old(
+    make: Make,
+) -> None:
+    """`standby = false`: nothing is started ahead; each reload spawns the worker it builds
+    in, and the one that served is stopped (its real process ends: tests/test_reload.py)."""
+    script = Script()
+    sup = make(script, strategy="respawn", standby=False)
+    await sup.start()
+    for version in (2, 3):
+        serving, spawned = sup.worker, len(script.workers)
+        assert serving is not None
+        outcome = await sup.reload("file")
+        assert outcome.ok and outcome.version == version, outcome
+        assert len(script.workers) == spawned + 1 and sup.worker is script.workers[-1]
+        assert "ahead" not in _spawn_details(sup)[-1]
+        assert not serving.alive and "stop" in script.ops(serving.pid)
+        assert sup.record.standby is None
+    assert not [e for e in sup.seen if e.kind == "standby_ready"]  # type: ignore[attr-defined]
+    assert (await request(sup)).header["version"] == 3

@@ -234,6 +234,49 @@ async def test_a_wedged_drain_in_a_reload_restarts_on_the_last_good_version(make
 
 
 @stepped
+async def test_an_in_band_swap_behind_a_hung_forward_waits_forward_s_then_restarts(
+    make: Make,
+) -> None:
+    """The in-band swap queues on the serving thread behind the requests sent before it
+    (held here, as a hung forward holds it in a real worker): the drain gives up at forward_s,
+    never sooner at drain_s, and the worker is restarted on the last good version. The real
+    worker's side: tests/test_deadlines.py (the swap waits behind a forward longer than
+    drain_s), tests/hardening/test_one_frame.py (a hung forward's request, not sent again)."""
+    script = Script()
+    sup = make(script, deadlines=Deadlines(forward_s=0.4, drain_s=0.05, sync_s=0.1))
+    await sup.start()
+    wedged = sup.worker
+    assert wedged is not None
+    script.hung.add(wedged.pid)
+    stuck = request(sup)
+    await asyncio.sleep(0.01)
+    script.hold(WorkerOp.SWAP)
+    reload = asyncio.create_task(sup.reload("file"))
+    await script.started(WorkerOp.SWAP)
+    started = asyncio.get_running_loop().time()
+    for _ in range(500):
+        if kinds(sup, "wedged"):
+            break
+        await asyncio.sleep(0.01)
+    waited = asyncio.get_running_loop().time() - started
+    script.release(WorkerOp.SWAP)  # the restarted worker's own swap goes through
+    outcome = await asyncio.wait_for(reload, 10)
+    assert not outcome.ok and outcome.phase == "drain", outcome
+    # The drain waits at least forward_s (0.4 s here), never only drain_s: then it is hung.
+    assert "still running after the 0.4 s drain deadline" in (outcome.error or ""), outcome
+    assert "restarted with v1" in (outcome.error or ""), outcome.error
+    assert waited >= 0.4, waited
+    assert "kill" in script.ops(wedged.pid)
+    assert sup.worker is not wedged and sup.version == 1 and sup.state == "serving"
+    assert sup.record.restarts == 1
+    # Not sent again to the restarted worker (it hung the worker): its caller is told so.
+    with pytest.raises(RequestTimeoutError) as told:
+        await asyncio.wait_for(stuck, 10)
+    assert "killed past its deadline" in str(told.value) and "not sent again" in str(told.value)
+    assert (await request(sup)).header["version"] == 1
+
+
+@stepped
 async def test_a_failed_build_leaves_the_old_version_serving(make: Make) -> None:
     script = Script()
     sup = make(script)

@@ -39,7 +39,7 @@ from hotreload.engine.model.pushes import (
 )
 from hotreload.engine.model.record import ModelRecord, VersionInfo
 from hotreload.engine.model.workers import WorkerFactory
-from hotreload.engine.router import ModelRouter
+from hotreload.engine.router import ModelRouter, StoppedStreams
 from hotreload.engine.served_shapes import REPLAY_SHARE, replayable
 from hotreload.engine.snapshots import code_paths
 from hotreload.engine.warm_progress import WarmDeadlineError, wait_for_warm
@@ -384,7 +384,7 @@ async def in_band(
             return await worker.swap(request, drain_wait_s + sync_s)
 
         swapping = asyncio.ensure_future(swap_behind())
-        ended = 0
+        ended = StoppedStreams()
         try:
             if not (await asyncio.wait({swapping}, timeout=deadlines.drain_s))[0]:
                 # The swap waits on the serving thread, so a stream ahead of it ends here:
@@ -425,21 +425,26 @@ async def in_band(
 
 
 async def drain_streams(
-    wait: Callable[[float], Awaitable[bool]], d: Deadlines, end_streams: Callable[[], int]
-) -> tuple[bool, int]:
+    wait: Callable[[float], Awaitable[bool]],
+    d: Deadlines,
+    end_streams: Callable[[], StoppedStreams],
+) -> tuple[bool, StoppedStreams]:
     """Wait for the requests in flight to the drain deadline, `drain_wait_s`, ending the
     streamed ones still running at `drain_s`: a stream can stop at any token (its client is
     told the reload, router.end_streams), a forward cannot (it has until forward_s). Whether
-    all finished, and how many streams were ended."""
+    all finished, and the streams stopped (ended, or moved to the new version: those stop
+    at their next token too, so they are waited for as long)."""
     if await wait(min(d.drain_s, d.drain_wait_s)):
-        return True, 0
-    ended = end_streams()
+        return True, StoppedStreams()
+    stopped = end_streams()
     left = d.drain_wait_s - d.drain_s
-    return await wait(max(left, STREAM_END_S) if ended else left), ended
+    return await wait(max(left, STREAM_END_S) if stopped else left), stopped
 
 
-def ended_text(ended: int, d: Deadlines) -> str:
-    return f"; {ended} stream(s) ended at the {d.drain_s:g} s drain deadline" if ended else ""
+def ended_text(stopped: StoppedStreams, d: Deadlines) -> str:
+    out = f"; {stopped.ended} stream(s) ended at the {d.drain_s:g} s drain deadline"
+    moved = f"; {stopped.moved} stream(s) not started yet moved to the new version"
+    return (out if stopped.ended else "") + (moved if stopped.moved else "")
 
 
 async def offload(worker: Worker, stop_s: float) -> Ran[None]:

@@ -28,6 +28,7 @@ from hotreload.engine.model.jobs import PhaseFailed, Ran, ReloadOutcome, Wedged
 from hotreload.engine.model.phases import RunPhase
 from hotreload.engine.model.respawn import Respawn
 from hotreload.engine.model.state import ModelState
+from hotreload.engine.router import StoppedStreams
 from hotreload.engine.worker_port import Worker
 
 Strategy = InPlace | Respawn
@@ -97,7 +98,7 @@ async def drain(
     wait: Callable[[float], Awaitable[bool]],
     running: Callable[[], int],
     d: Deadlines,
-    end_streams: Callable[[], int],
+    end_streams: Callable[[], StoppedStreams],
     on: str | None = None,
 ) -> Ran[None]:
     """The drain phase: wait, to the drain deadline, for the requests in flight (`on` the
@@ -125,7 +126,7 @@ async def quiesce(run: RunPhase, st: ModelState, worker: Worker) -> None:
     await run("gate", gate, state="draining")
     to = st.record.next_version  # what a stream ended at the drain deadline is told
 
-    def end_streams() -> int:
+    def end_streams() -> StoppedStreams:
         return router.end_streams(to, d.drain_s)
 
     await run("drain", lambda: drain(router.drain, lambda: router.inflight, d, end_streams))
