@@ -9,9 +9,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
@@ -201,3 +202,28 @@ class Traffic:
         for t in self._threads:
             t.join(30)
             assert not t.is_alive(), "a client thread hung"
+
+
+P = TypeVar("P", bound=ServeProcess)
+
+
+@contextmanager
+def shared_server(
+    config: Path,
+    *args: str,
+    process_cls: type[P] = ServeProcess,  # type: ignore[assignment]
+    command: str = "serve",
+    ready_s: float = 180.0,
+) -> Iterator[P]:
+    """One session process shared by the tests of a module (or wider): `hotreload <command>
+    --config CONFIG ARGS`, ready within `ready_s`, its pid in SHARED (the suite's
+    leftover-children check leaves it to this helper), always stopped on leaving, then its
+    process groups killed. A session and its workers importing torch cost seconds each."""
+    server = process_cls(config, *args, command=command)
+    SHARED.add(server.proc.pid)
+    try:
+        server.wait_ready(ready_s)
+        yield server
+    finally:
+        SHARED.discard(server.proc.pid)
+        server.close()

@@ -13,7 +13,7 @@ import pytest
 
 from hotreload import Client
 from hotreload.errors import RequestTimeoutError
-from tests.support import SHARED, ServeProcess, count_events, make_project, wait_until
+from tests.support import ServeProcess, count_events, make_project, shared_server, wait_until
 
 #: Sleeps x[0, 0] seconds and writes down every value it computed, so a test can tell
 #: which requests ran.
@@ -80,14 +80,8 @@ def inplace_sleepy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sleepy]
     config = sleepy_project(
         tmp_path_factory.mktemp("sleepy"), "inplace", drain_s=0.3, sync_s=0.3, forward_s=20
     )
-    session = ServeProcess(config)
-    SHARED.add(session.proc.pid)
-    try:
-        session.wait_ready()
+    with shared_server(config) as session:
         yield Sleepy(config, session)
-    finally:
-        SHARED.discard(session.proc.pid)
-        session.close()
 
 
 def a_forward_longer_than_drain_s_finishes_and_the_reload_goes_through(

@@ -19,7 +19,7 @@ import torch
 
 from hotreload import Client
 from hotreload.errors import ReloadFailedError
-from tests.support import SHARED, ServeProcess, make_project, read_events, wait_until
+from tests.support import ServeProcess, make_project, read_events, shared_server, wait_until
 from tests.test_push_weights import X, file_state, in_process, status_of, trained
 
 
@@ -37,15 +37,8 @@ def respawned_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Resp
     are most of each test): each test starts from where the one before left it."""
     config = make_project(tmp_path_factory.mktemp("push-standby"))
     config.write_text(config.read_text().replace('strategy = "inplace"', 'strategy = "respawn"'))
-    server = ServeProcess(config)
-    SHARED.add(server.proc.pid)
-    try:
-        server.wait_ready()
-        with Client(config=config, timeout_s=60) as client:
-            yield Respawned(config, server, client, status_of(client)["digest"])
-    finally:
-        SHARED.discard(server.proc.pid)
-        server.close()
+    with shared_server(config) as server, Client(config=config, timeout_s=60) as client:
+        yield Respawned(config, server, client, status_of(client)["digest"])
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import torch
 from hotreload import Client
 from hotreload.errors import ReloadFailedError, RequestTimeoutError
 from hotreload.worker.weights_digest import state_digest
-from tests.support import SHARED, ServeProcess, count_events, make_project, wait_until
+from tests.support import ServeProcess, count_events, make_project, shared_server, wait_until
 
 X = np.random.default_rng(17).standard_normal((2, 64), dtype=np.float32)
 
@@ -61,15 +61,8 @@ def served(
     """One session of the example for the module's tests (its start is most of a test):
     each test starts where the one before left it, its versions counted from there."""
     config = make_project(tmp_path_factory.mktemp("push-weights"))
-    server = ServeProcess(config)
-    SHARED.add(server.proc.pid)
-    try:
-        server.wait_ready()
-        with Client(config=config, timeout_s=60) as client:
-            yield config, server, client
-    finally:
-        SHARED.discard(server.proc.pid)
-        server.close()
+    with shared_server(config) as server, Client(config=config, timeout_s=60) as client:
+        yield config, server, client
 
 
 def test_a_weights_file_saved_again_with_the_same_bytes_builds_nothing_unless_pushes_lie_over_it(

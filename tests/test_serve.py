@@ -31,7 +31,7 @@ from hotreload.errors import (
     WorkerUnavailableError,
 )
 from hotreload.protocol.framing import pack_frame, read_frame_sync
-from tests.support import SHARED, ServeProcess, make_project, wait_until
+from tests.support import ServeProcess, make_project, shared_server, wait_until
 
 SLOW_MODEL = '''
 import time
@@ -80,14 +80,8 @@ class Served(NamedTuple):
 def shared_session(config: Path) -> Iterator[Served]:
     """One `hotreload serve` of `config` for the tests of the module that only send to it
     (a session's start is most of such a test)."""
-    session = ServeProcess(config)
-    SHARED.add(session.proc.pid)
-    try:
-        session.wait_ready()
+    with shared_server(config) as session:
         yield Served(config, session)
-    finally:
-        SHARED.discard(session.proc.pid)
-        session.close()
 
 
 @pytest.fixture(scope="module")

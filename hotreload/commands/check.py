@@ -12,18 +12,16 @@ import json
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from hotreload.colour import wants_colour
 from hotreload.commands.check_progress import LiveProgress
 from hotreload.commands.check_results import (
     ModelReport,
     Step,
-    format_report,
-    format_step,
-    report_json,
+    run_checks,
 )
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.compile_figures import compile_text
@@ -34,11 +32,9 @@ from hotreload.engine.session import Session
 from hotreload.engine.signature import describe_dynamic, stand_in_inputs
 from hotreload.engine.stats import percentile
 from hotreload.engine.worker_port import WorkerDied, WorkerReplyError
-from hotreload.errors import ClientError, ConfigError, HotreloadError
+from hotreload.errors import ClientError, ConfigError
 from hotreload.exitcodes import (
     EXIT_ENVIRONMENT,
-    EXIT_FAILURE,
-    EXIT_OK,
     EXIT_USAGE,
     error_exit,
     exit_code_for,
@@ -448,29 +444,12 @@ def check_main(
     n = config.check.reloads if reloads is None else reloads
     budget = p99_ms if p99_ms is not None else config.check.p99_ms
     cpu_models = [m.name for m in models if m.device == "cpu"]
-    colour = wants_colour(sys.stdout)
-    progress = (
-        LiveProgress(sys.stdout, lambda s: format_step(s, colour))
-        if not as_json and sys.stdout.isatty()
-        else None
-    )
-    t0 = time.monotonic()
-    try:
-        reports = asyncio.run(_check(config, models, n, budget, progress))
-    except HotreloadError as exc:  # a ConfigError here was checked against this machine
-        return error_exit("hotreload check", exc, config.path)
-    total = time.monotonic() - t0
-    devices = {r.device for r in reports if r.device}
-    note = None
-    if devices and all(d == "cpu" for d in devices):
+
+    def note(reports: list[ModelReport]) -> str | None:
+        devices = {r.device for r in reports if r.device}
+        if not devices or any(d != "cpu" for d in devices):
+            return None
         why = 'set device = "cpu"' if len(cpu_models) == len(models) else "no CUDA device found"
-        note = f"running on the CPU ({why}); GPU checks (device memory, streams) do not apply"
-    text = (
-        report_json(reports, total, note)
-        if as_json
-        else format_report(reports, total, note, colour=colour, steps=progress is None)
-    )
-    print(text)
-    if any(r.environment_error for r in reports):
-        return EXIT_ENVIRONMENT
-    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILURE
+        return f"running on the CPU ({why}); GPU checks (device memory, streams) do not apply"
+
+    return run_checks(partial(_check, config, models, n, budget), as_json, config.path, note)

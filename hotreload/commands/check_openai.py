@@ -21,17 +21,15 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hotreload.colour import wants_colour
 from hotreload.commands.check_progress import LiveProgress
 from hotreload.commands.check_results import (
     ModelReport,
     Step,
-    format_report,
-    format_step,
-    report_json,
+    run_checks,
 )
 from hotreload.config import Config, ModelConfig, load_config
 from hotreload.engine.events import EventBus
@@ -40,8 +38,6 @@ from hotreload.engine.session import Session
 from hotreload.errors import ConfigError, HotreloadError
 from hotreload.exitcodes import (
     EXIT_ENVIRONMENT,
-    EXIT_FAILURE,
-    EXIT_OK,
     EXIT_USAGE,
     error_exit,
     exit_code_for,
@@ -454,24 +450,4 @@ def check_openai_main(config_path: str | None, *, model: str | None, as_json: bo
         preflight(config, models)
     except ConfigError as exc:
         return error_exit("hotreload check", exc)
-    colour = wants_colour(sys.stdout)
-    progress = (
-        LiveProgress(sys.stdout, lambda s: format_step(s, colour))
-        if not as_json and sys.stdout.isatty()
-        else None
-    )
-    t0 = time.monotonic()
-    try:
-        reports = asyncio.run(_check(config, models, progress))
-    except HotreloadError as exc:
-        return error_exit("hotreload check", exc, config.path)
-    total = time.monotonic() - t0
-    text = (
-        report_json(reports, total, None)
-        if as_json
-        else format_report(reports, total, None, colour=colour, steps=progress is None)
-    )
-    print(text)
-    if any(r.environment_error for r in reports):
-        return EXIT_ENVIRONMENT
-    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILURE
+    return run_checks(partial(_check, config, models), as_json, config.path)

@@ -3,12 +3,20 @@ text (a line per step, the verdict) and JSON (`--json`) forms. check.py runs the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import sys
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from hotreload.colour import paint
+from hotreload.colour import paint, wants_colour
+from hotreload.commands.check_progress import LiveProgress
+from hotreload.errors import HotreloadError
+from hotreload.exitcodes import EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_OK, error_exit
 
 
 @dataclass
@@ -111,3 +119,39 @@ def report_json(reports: list[ModelReport], total_s: float, cpu_note: str | None
         ],
     }
     return json.dumps(doc, indent=2)
+
+
+Checks = Callable[["LiveProgress | None"], Coroutine[Any, Any, list[ModelReport]]]
+
+
+def run_checks(
+    checks: Checks,
+    as_json: bool,
+    config_path: Path | None,
+    note: Callable[[list[ModelReport]], str | None] | None = None,
+) -> int:
+    """Run `checks` (given the live progress line on a terminal, None elsewhere), print
+    their report (text or JSON, with `note(reports)` under it) and return the exit code:
+    an environment error first, else whether every model passed."""
+    colour = wants_colour(sys.stdout)
+    progress = (
+        LiveProgress(sys.stdout, lambda s: format_step(s, colour))
+        if not as_json and sys.stdout.isatty()
+        else None
+    )
+    t0 = time.monotonic()
+    try:
+        reports = asyncio.run(checks(progress))
+    except HotreloadError as exc:  # a ConfigError here was checked against this machine
+        return error_exit("hotreload check", exc, config_path)
+    total = time.monotonic() - t0
+    said = note(reports) if note is not None else None
+    text = (
+        report_json(reports, total, said)
+        if as_json
+        else format_report(reports, total, said, colour=colour, steps=progress is None)
+    )
+    print(text)
+    if any(r.environment_error for r in reports):
+        return EXIT_ENVIRONMENT
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILURE

@@ -65,10 +65,11 @@ def http_serve(serve: Callable[..., ServeProcess]) -> Callable[..., HttpServePro
 def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProcess]:
     """The generators "chat", "lm" and "gen" of tests/http/chat_lm.py in one session."""
     from tests.http.chat_lm import chat_project
-    from tests.http.shared_server import shared_server, unpinned
+    from tests.http.shared_server import unpinned
+    from tests.support import shared_server
 
     config = unpinned(chat_project(tmp_path_factory.mktemp("chat") / "proj"))
-    with shared_server(config) as server:
+    with shared_server(config, process_cls=HttpServeProcess) as server:
         yield server
 
 
@@ -77,8 +78,9 @@ def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServePro
     """One text generator, "lm" (a request may leave its model out, as lm-eval's remote
     tokenizer does), beside "plain", a model that is not one."""
     from tests.http.chat_lm import lm_project
-    from tests.http.shared_server import shared_server, unpinned
+    from tests.http.shared_server import unpinned
+    from tests.support import shared_server
 
     config = unpinned(lm_project(tmp_path_factory.mktemp("lm") / "proj"))
-    with shared_server(config) as server:
+    with shared_server(config, process_cls=HttpServeProcess) as server:
         yield server

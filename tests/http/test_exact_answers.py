@@ -18,8 +18,8 @@ import torch
 import tritonclient.http as httpclient
 
 from hotreload import AsyncClient, Client
-from tests.http.shared_server import shared_server
-from tests.support import make_project
+from tests.http.conftest import HttpServeProcess
+from tests.support import make_project, shared_server
 
 BIG_MODELS = '''
 import torch
@@ -102,7 +102,7 @@ def big_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     config = make_project(
         tmp_path_factory.mktemp("exact"), config=BIG_CONFIG, files={"big.py": BIG_MODELS}
     )
-    with shared_server(config) as server:
+    with shared_server(config, process_cls=HttpServeProcess) as server:
         yield server
 
 

@@ -20,9 +20,8 @@ from hotreload.config import load_config
 from hotreload.errors import ConfigError
 from hotreload.http.body import BodyError, inflate
 from tests.http.conftest import HttpServeProcess
-from tests.http.shared_server import shared_server
 from tests.http.support_http import error_of, json_infer, request
-from tests.support import make_project
+from tests.support import make_project, shared_server
 
 LIMITS = """
 [http]
@@ -44,7 +43,8 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProce
     """One session with the small limits for the tests that only send it requests: each
     request leaves nothing behind (a refused body closes its own connection), and the
     session's start costs far more than the requests."""
-    with shared_server(limited_project(tmp_path_factory.mktemp("limits"))) as server:
+    config = limited_project(tmp_path_factory.mktemp("limits"))
+    with shared_server(config, process_cls=HttpServeProcess) as server:
         yield server
 
 

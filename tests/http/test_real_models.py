@@ -22,9 +22,8 @@ from hotreload import AsyncClient, Client
 from hotreload.client import http_headers
 from hotreload.errors import BadRequestError, ConfigError
 from tests.http.conftest import HttpServeProcess
-from tests.http.shared_server import shared_server
 from tests.http.support_http import json_infer, request
-from tests.support import REPO, count_events
+from tests.support import REPO, count_events, shared_server
 
 transformers = pytest.importorskip("transformers")
 import tritonclient.http as httpclient  # noqa: E402
@@ -103,7 +102,7 @@ def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProce
     code and pushes its weights comes after the one that only asks it."""
     proj = tmp_path_factory.mktemp("tiny") / "tiny_lm"
     shutil.copytree(TINY_LM, proj, ignore=shutil.ignore_patterns("__pycache__", ".hotreload"))
-    with shared_server(proj / "hotreload.toml") as server:
+    with shared_server(proj / "hotreload.toml", process_cls=HttpServeProcess) as server:
         yield server
 
 
@@ -259,7 +258,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServeProces
         MODELS_CONFIG,
         {"enc.py": ENCODER, "lm.py": CAUSAL, "odd.py": ODD_OUTPUTS},
     )
-    with shared_server(config) as server:
+    with shared_server(config, process_cls=HttpServeProcess) as server:
         yield server
 
 

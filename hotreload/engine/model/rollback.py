@@ -19,7 +19,6 @@ from hotreload.config import ModelConfig
 from hotreload.engine.model import kept_versions, settings_change
 from hotreload.engine.model.jobs import Job, PhaseFailed, ReloadOutcome
 from hotreload.engine.model.phases import BuildSpec
-from hotreload.engine.model.policy import choose_policy
 from hotreload.engine.model.pushes import Overlay, WeightsPlan
 from hotreload.errors import BadRequestError
 
@@ -119,13 +118,7 @@ async def run(sup: Supervisor, job: RollbackJob) -> ReloadOutcome:
     try:
         async with st.device_lock(sup.locks, outcome):
             try:
-                old, cold = rec.serving, sup._cold()
-                outcome.policy = "start"
-                if not cold:
-                    outcome.policy = await choose_policy(
-                        sup.model, rec.current, old, sup.worker_status, sup.events
-                    )
-                await sup._build_and_swap(run_phase, job, outcome, old, cold, strategy)
+                await sup._build_and_swap(run_phase, job, outcome, strategy)
                 outcome.ok = True
             except PhaseFailed as exc:
                 await sup._failed(exc, outcome)

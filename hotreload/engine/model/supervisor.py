@@ -381,14 +381,7 @@ class ModelSupervisor:
                     if not outcome.unchanged:
                         await lock.enter_async_context(st.device_lock(self.locks, outcome))
                         locked = True
-                        # Read after the wait: the worker may have died meanwhile.
-                        old, cold = rec.serving, self._cold()
-                        outcome.policy = "start"
-                        if not cold:
-                            outcome.policy = await choose_policy(
-                                self.model, rec.current, old, self.worker_status, self.events
-                            )
-                        await self._build_and_swap(run, job, outcome, old, cold, strategy)
+                        await self._build_and_swap(run, job, outcome, strategy)
                     outcome.ok = True
                 except PhaseFailed as exc:
                     await self._failed(exc, outcome)
@@ -422,12 +415,18 @@ class ModelSupervisor:
         run: RunPhase,
         job: ReloadJob,
         outcome: ReloadOutcome,
-        old: Worker | None,
-        cold: bool,
         strategy: InPlace | Respawn,
     ) -> None:
-        """The strategy builds the version; traffic moves to it one of three ways."""
-        st = self.st
+        """The strategy builds the version; traffic moves to it one of three ways. Called
+        holding the device lock: the serving worker is read after that wait (it may have
+        died meanwhile), and the policy chosen from it."""
+        st, rec = self.st, self.record
+        old, cold = rec.serving, self._cold()
+        outcome.policy = "start"
+        if not cold:
+            outcome.policy = await choose_policy(
+                self.model, rec.current, old, self.worker_status, self.events
+            )
         if cold or old is None:  # no live worker: a failed start, an unload, a give-up
             if old is not None:
                 await old.end()
