@@ -10,17 +10,17 @@ from typing import Any
 SUMMARY_OUTPUTS = 3
 
 
+def headline(diff: dict[str, Any]) -> str:
+    """The summary's lead without the outputs' figures: where the figures follow on lines of
+    their own (the dashboard's golden panel), the summary would say them twice."""
+    return _lead(diff)[0]
+
+
 def summary(diff: dict[str, Any]) -> str:
     """One line: "outputs identical", or what changed the most."""
-    n = diff.get("inputs", 0)
-    k = diff.get("compared", n)  # what only some inputs compared says how many
-    on = f"on {n} golden input{'s' if n != 1 else ''}" if k == n else f"on {k} of {n} golden inputs"
-    # The inputs left out (fed other values, new, over the size bound): said, never a change.
-    left = "".join(f"; {x}" for x in diff.get("input_notes") or [])
-    if diff.get("identical"):
-        return f"outputs identical {on}{left}"
-    if not k:
-        return f"no golden input compared{left}"
+    lead, changed_from = _lead(diff)
+    if not changed_from:
+        return lead
     parts: list[str] = []
     if diff.get("inputs_changed") and "input_notes" not in diff:  # an older event's form
         parts.append("the golden inputs changed")
@@ -45,10 +45,29 @@ def summary(diff: dict[str, Any]) -> str:
                 f"prompt {t['index']}: token {t['first_token']} differs: "
                 f"{_clip(t['old'])!r} -> {_clip(t['new'])!r}"
             )
+    return f"{changed_from}: " + "; ".join(parts) + _left(diff)
+
+
+def _lead(diff: dict[str, Any]) -> tuple[str, str]:
+    """(the headline, and where outputs differ the words the summary's figures follow)."""
+    n = diff.get("inputs", 0)
+    k = diff.get("compared", n)  # what only some inputs compared says how many
+    on = f"on {n} golden input{'s' if n != 1 else ''}" if k == n else f"on {k} of {n} golden inputs"
+    left = _left(diff)
+    if diff.get("identical"):
+        return f"outputs identical {on}{left}", ""
+    if not k:
+        return f"no golden input compared{left}", ""
     if diff.get("same"):  # every difference within tolerance
-        tol = diff.get("tolerance", 0)
-        return f"outputs within tolerance {tol:g} {on}: " + "; ".join(parts) + left
-    return f"outputs changed {on}: " + "; ".join(parts) + left
+        changed_from = f"outputs within tolerance {diff.get('tolerance', 0):g} {on}"
+    else:
+        changed_from = f"outputs changed {on}"
+    return changed_from + left, changed_from
+
+
+def _left(diff: dict[str, Any]) -> str:
+    # The inputs left out (fed other values, new, over the size bound): said, never a change.
+    return "".join(f"; {x}" for x in diff.get("input_notes") or [])
 
 
 def refusal(diff: dict[str, Any]) -> str:

@@ -81,8 +81,7 @@ class DashboardApp(App[int]):
         Binding("r", "reload", "Reload"),
         Binding("R", "reload_all", "All"),
         Binding("w", "rewarm", "Warm"),
-        # Not in the footer (it is full at 80 columns): the help page lists it.
-        Binding("b", "rollback", "Back", show=False),
+        Binding("b", "rollback", "Back"),  # "Rollback" would take the footer past 80 columns
         Binding("p", "pause", "Pause"),
         Binding("x", "reset_gpu", "Reset GPU"),
         Binding("l", "load", "Load"),
@@ -164,6 +163,7 @@ class DashboardApp(App[int]):
 
     def on_panel_resized(self, message: Panel.Resized) -> None:
         self._render_panels()
+        self._render_detail()
 
     def _tick(self) -> None:
         """Once a second: the clock, and the elapsed time of whatever is still running (a
@@ -365,7 +365,7 @@ class DashboardApp(App[int]):
         outcome = self._reload_items[row] if 0 <= row < len(self._reload_items) else None
         start_error = self.state.start_errors.get(self.selected or "")
         detail = self.query_one("#detail", Panel)
-        detail.view = render.reload_detail(outcome, start_error)
+        detail.view = render.reload_detail(outcome, start_error, detail.content_size.width)
         box = self.query_one("#detail-box")
         box.set_class((outcome is not None and not outcome.ok) or start_error is not None, "-error")
 

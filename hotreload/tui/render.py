@@ -79,6 +79,19 @@ def phases_text(phases: dict[str, float]) -> str:
     return " ".join(f"{p} {s * 1000:.0f}" for p, s in phases.items())
 
 
+def wrap_items(items: list[str], width: int, used: int = 0) -> str:
+    """`items` joined by " · ", a line break before an item that would cross `width` (0: no
+    limit): the terminal's wrap would part a phase from its figure ("sync" / "0.0")."""
+    out = ""
+    for i, item in enumerate(items):
+        sep = " · " if i else ""
+        if width and i and used + len(sep) + len(item) > width:
+            out, used = out + "\n" + item, len(item)
+        else:
+            out, used = out + sep + item, used + len(sep) + len(item)
+    return out
+
+
 def trigger_text(o: ReloadOutcome | LiveReload) -> str:
     """`file model.py`: what set the reload off. An unchanged reload's last detail is the
     sentence saying so (engine/model/unchanged.py): the Outcome column and the line under
@@ -457,7 +470,7 @@ def reload_rows(
     return tuple(rows)
 
 
-def reload_detail(o: ReloadOutcome | None, start_error: StartFailed | None) -> Text:
+def reload_detail(o: ReloadOutcome | None, start_error: StartFailed | None, width: int = 0) -> Text:
     if o is None:
         if start_error:
             t = Text(f"{start_error.model} failed to start in ", "bold red")
@@ -466,11 +479,12 @@ def reload_detail(o: ReloadOutcome | None, start_error: StartFailed | None) -> T
             t.append(user_traceback(start_error.traceback or ""), "dim")
             return t
         return Text("no reload yet: edit a watched file, or press r", "dim")
-    phases = " · ".join(f"{p} {s * 1000:.1f}" for p, s in o.phases.items())
+    items = [f"{p} {s * 1000:.1f}" for p, s in o.phases.items()]
     if o.ok and o.unchanged:
         return Text(o.detail[-1] if o.detail else "unchanged: nothing to reload", "green")
     if o.ok:
-        done = Text.assemble((f"v{o.version} phases (ms): ", "bold green"), phases)
+        lead = f"v{o.version} phases (ms): "
+        done = Text.assemble((lead, "bold green"), wrap_items(items, width, len(lead)))
         if o.eval:  # the version's eval (engine/model/evals.py), once it ran
             failed = bool(o.eval.get("error"))
             done.append(f"\neval: {eval_text(o.eval)}", "bold red" if failed else "cyan")
@@ -479,7 +493,7 @@ def reload_detail(o: ReloadOutcome | None, start_error: StartFailed | None) -> T
     t.append(f"{o.model} FAILED in {o.phase}: ", "bold red")
     t.append(str(o.error))
     t.append(f" - v{o.version} keeps serving\n", "bold yellow")
-    t.append(f"phases (ms): {phases}")
+    t.append("phases (ms): " + wrap_items(items, width, len("phases (ms): ")))
     if o.traceback:
         t.append("\n" + user_traceback(o.traceback), "dim")
     return t

@@ -239,6 +239,39 @@ def test_both_panels_name_the_policy_auto(size: tuple[int, int]) -> None:
     run(scenario(), size, body)
 
 
+@SIZES
+def test_the_phases_under_the_reloads_wrap_between_phases_never_inside_one(
+    size: tuple[int, int],
+) -> None:
+    phases = {"load": 0.0122, "warm": 0.0063, "smoke": 0.0042, "gate": 0.0, "drain": 0.0061,
+              "sync": 0.0, "swap": 0.0001, "release": 0.0024, "evict": 0.0113,
+              "compile": 0.0107}  # fmt: skip
+    ok = ReloadOutcome("mlp", True, 6, "file", "availability", "inplace", phases=phases,
+                       total_s=0.04, detail=["model.py"], started_at=T0 - 5)  # fmt: skip
+
+    async def body(app: DashboardApp, pilot: Pilot) -> None:
+        lines = screen(app)
+        first = next(i for i, line in enumerate(lines) if "v6 phases (ms):" in line)
+        text = "\n".join(lines[first : first + 3])
+        for name, s in phases.items():
+            assert f"{name} {s * 1000:.1f}" in text, f"{name} parted from its figure:\n{text}"
+        assert all(len(line.rstrip()) <= size[0] for line in lines)
+
+    run(scenario(ok), size, body)
+
+
+@SIZES
+def test_the_footer_names_every_key_whole_rollback_included(size: tuple[int, int]) -> None:
+    async def body(app: DashboardApp, pilot: Pilot) -> None:
+        footer = screen(app)[-1]
+        for key, label in [("r", "Reload"), ("R", "All"), ("w", "Warm"), ("b", "Back"),
+                           ("p", "Pause"), ("x", "Reset GPU"), ("l", "Load"), ("?", "Help"),
+                           ("q", "Quit")]:  # fmt: skip
+            assert f" {key} {label} " in footer, f"{key} {label} not whole in {footer!r}"
+
+    run(scenario(), size, body)
+
+
 def test_a_long_trigger_gives_way_before_the_phases_column_goes() -> None:
     phases = "lock 1 load 10 warm 21 smoke 12 gate 0 drain 14 sync 0 swap 0 release 4"
     trigger = "file layers/attention.py, layers/mlp.py, layers/norm.py, tokenizer.py"
