@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: run the OpenAI-compatible clients (openai-python, Open WebUI's model "
         "list, lm-eval) against each generator and say which would break and why",
     )
+    p.add_argument(
+        "--clients",
+        metavar="LIST",
+        help="with --openai: run only these clients, comma-separated, among completion, chat, "
+        "chat-stream, models, lm-eval-completions, lm-eval-chat (default: all)",
+    )
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser(
@@ -326,6 +332,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         as_json=args.json,
         p99_ms=args.p99_ms,
         openai=args.openai,
+        clients=args.clients,
     )
 
 

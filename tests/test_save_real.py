@@ -4,6 +4,7 @@ and answers; a Hugging Face model's folder loads with `from_pretrained`, bit for
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from hotreload import Client
-from tests.support import import_file
+from tests.support import import_file, make_project, shared_server
 
 X = np.random.default_rng(5).standard_normal((2, 64), dtype=np.float32)
 
@@ -38,54 +39,6 @@ def save(config: Path, model: str, folder: Path) -> subprocess.CompletedProcess[
         text=True,
         timeout=120,
     )
-
-
-def test_save_after_a_push_loads_back_with_the_served_digest_and_answers(
-    project: Path, serve, tmp_path: Path, one_thread: None
-) -> None:
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from hotreload.worker.weights_digest import state_digest
-
-    serve(project)
-    client = Client(config=project)
-    pushed = {"out.bias": np.arange(10, dtype=np.float32)}
-    assert client.update_weights("mlp", pushed, strict=False)["version"] == 2
-    served = client.infer("mlp", X)
-    out = tmp_path / "saved"
-    done = save(project, "mlp", out)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith(f"mlp: v2 saved to {out} (safetensors: ")
-    assert served.digest is not None and served.digest in done.stdout
-    state = load_file(str(out / "model.safetensors"))
-    np.testing.assert_array_equal(state["out.bias"].numpy(), pushed["out.bias"])
-    assert state_digest(state) == served.digest
-    with safe_open(str(out / "model.safetensors"), "pt") as f:
-        meta = f.metadata()
-    assert (meta["hotreload_digest"], meta["hotreload_version"]) == (served.digest, "2")
-    record = json.loads((out / "hotreload.json").read_text())
-    assert (record["digest"], record["version"], record["files"]) == (
-        served.digest,
-        2,
-        ["model.safetensors"],
-    )
-    module = import_file(project.parent / "model.py", "saved_mlp")
-    model = module.build().eval()
-    model.load_state_dict(state)  # strict: the model's own names, every one
-    with torch.inference_mode():
-        np.testing.assert_array_equal(model(torch.from_numpy(X)).numpy(), served.output)
-
-
-def test_save_names_what_to_fix(project: Path, serve, tmp_path: Path) -> None:
-    serve(project)
-    (tmp_path / "a_file").write_text("")
-    refused = save(project, "mlp", tmp_path / "a_file")
-    assert refused.returncode != 0
-    assert "a_file is a file; name a folder to save into" in refused.stderr
-    unknown = save(project, "nope", tmp_path / "x")
-    assert unknown.returncode != 0 and "unknown model 'nope'" in unknown.stderr
 
 
 GPT2 = """
@@ -115,8 +68,76 @@ warmup_iters = 1
 """
 
 
+#: The tests on the module's session: `real` (they start workers), as tests/conftest.py marks
+#: those that use the `serve` fixture, which a session shared by a module does not.
+real = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def saving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One session for the module's tests (its workers cost more than their saves): the
+    example's "mlp", which only the first test pushes to, and "gpt", a Hugging Face model
+    (where transformers is installed). Yields the config's path."""
+    config = make_project(tmp_path_factory.mktemp("save"), files={"gpt.py": GPT2})
+    if importlib.util.find_spec("transformers") is not None:
+        config.write_text(config.read_text() + GPT2_CONFIG)
+    with shared_server(config, ready_s=300):
+        yield config
+
+
+@real
+def test_save_after_a_push_loads_back_with_the_served_digest_and_answers(
+    saving: Path, tmp_path: Path, one_thread: None
+) -> None:
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from hotreload.worker.weights_digest import state_digest
+
+    project = saving
+    client = Client(config=project)
+    pushed = {"out.bias": np.arange(10, dtype=np.float32)}
+    assert client.update_weights("mlp", pushed, strict=False)["version"] == 2
+    served = client.infer("mlp", X)
+    out = tmp_path / "saved"
+    done = save(project, "mlp", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"mlp: v2 saved to {out} (safetensors: ")
+    assert served.digest is not None and served.digest in done.stdout
+    state = load_file(str(out / "model.safetensors"))
+    np.testing.assert_array_equal(state["out.bias"].numpy(), pushed["out.bias"])
+    assert state_digest(state) == served.digest
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert (meta["hotreload_digest"], meta["hotreload_version"]) == (served.digest, "2")
+    record = json.loads((out / "hotreload.json").read_text())
+    assert (record["digest"], record["version"], record["files"]) == (
+        served.digest,
+        2,
+        ["model.safetensors"],
+    )
+    module = import_file(project.parent / "model.py", "saved_mlp")
+    model = module.build().eval()
+    model.load_state_dict(state)  # strict: the model's own names, every one
+    with torch.inference_mode():
+        np.testing.assert_array_equal(model(torch.from_numpy(X)).numpy(), served.output)
+
+
+@real
+def test_save_names_what_to_fix(saving: Path, tmp_path: Path) -> None:
+    project = saving
+    (tmp_path / "a_file").write_text("")
+    refused = save(project, "mlp", tmp_path / "a_file")
+    assert refused.returncode != 0
+    assert "a_file is a file; name a folder to save into" in refused.stderr
+    unknown = save(project, "nope", tmp_path / "x")
+    assert unknown.returncode != 0 and "unknown model 'nope'" in unknown.stderr
+
+
+@real
 def test_a_hugging_face_model_saves_a_folder_from_pretrained_loads_bit_for_bit(
-    tmp_path: Path, serve, one_thread: None
+    saving: Path, tmp_path: Path, one_thread: None
 ) -> None:
     pytest.importorskip("transformers")
     import torch
@@ -124,12 +145,7 @@ def test_a_hugging_face_model_saves_a_folder_from_pretrained_loads_bit_for_bit(
 
     from hotreload.worker.weights_digest import state_digest
 
-    proj = tmp_path / "hf"
-    proj.mkdir()
-    (proj / "gpt.py").write_text(GPT2)
-    config = proj / "hotreload.toml"
-    config.write_text(GPT2_CONFIG)
-    serve(config, wait_ready=False).wait_ready(timeout=300)
+    config = saving
     client = Client(config=config)
     ids = np.arange(8, dtype=np.int64).reshape(1, 8)
     served = client.infer("gpt", {"input_ids": ids})

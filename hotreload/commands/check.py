@@ -419,7 +419,15 @@ def check_main(
     as_json: bool = False,
     p99_ms: float | None = None,
     openai: bool = False,
+    clients: str | None = None,
 ) -> int:
+    if clients is not None and not openai:
+        print(
+            "hotreload check: --clients chooses among the --openai clients; add --openai, "
+            "or drop --clients",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if openai:
         if reloads is not None or p99_ms is not None:
             print(
@@ -431,7 +439,7 @@ def check_main(
         # Imported here: the client self-test is a module of its own (openai loads lazily).
         from hotreload.commands.check_openai import check_openai_main
 
-        return check_openai_main(config_path, model=model, as_json=as_json)
+        return check_openai_main(config_path, model=model, as_json=as_json, clients=clients)
     try:
         config = load_config(config_path)
         models = [config.model(model)] if model else list(config.models)

@@ -6,7 +6,10 @@ and why: openai-python's completion, chat and streamed chat (the deltas must add
 non-streamed greedy answer, with one usage chunk last); `/v1/models` as Open WebUI reads
 it; lm-eval's `local-completions` (loglikelihood) and `local-chat-completions`
 (generation) on the tiny tasks bundled in `openai_tasks/`. openai is imported here, lazily,
-and lm-eval only in a subprocess: the engine imports neither.
+and lm-eval only in a subprocess: the engine imports neither. `--clients` runs some of them
+(a model with no chat template has no use for the chat ones); a chat the server refuses
+(whichever step met it, or one request made to learn it) fails lm-eval's chat client with
+the server's reason instead of running it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -52,6 +56,42 @@ MAX_TOKENS = 8
 #: lm-eval imports slowly (torch, datasets); a server that never answers must not hang it.
 LMEVAL_TIMEOUT_S = 600.0
 CLIENT_TIMEOUT_S = 120.0
+#: `--clients` names, in the order their steps run; the step each runs.
+CLIENTS = {
+    "completion": "completion",
+    "chat": "chat",
+    "chat-stream": "chat stream",
+    "models": "models",
+    "lm-eval-completions": "lm-eval local-completions",
+    "lm-eval-chat": "lm-eval local-chat-completions",
+}
+OPENAI_CLIENTS = ("completion", "chat", "chat-stream")
+#: lm-eval's model type for each of its clients, the `--clients` name it goes by.
+LM_EVAL_CLIENTS = {
+    "lm-eval-completions": "local-completions",
+    "lm-eval-chat": "local-chat-completions",
+}
+
+
+class ClientsError(ValueError):
+    """A `--clients` value that names no known client (the message says which are)."""
+
+
+def parse_clients(text: str | None) -> frozenset[str]:
+    """`--clients a,b`: the names chosen (every client when not given)."""
+    if text is None:
+        return frozenset(CLIENTS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = ", ".join(CLIENTS)
+    if not names:
+        raise ClientsError(f"--clients names no client; give one or more of {known}")
+    unknown = [n for n in names if n not in CLIENTS]
+    if unknown:
+        raise ClientsError(
+            f"--clients: unknown client(s) {', '.join(map(repr, unknown))}; "
+            f"choose among {known} (comma-separated)"
+        )
+    return frozenset(names)
 
 
 class StepFailed(Exception):
@@ -85,11 +125,67 @@ def _server_reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _error_message(body: bytes) -> str | None:
+    """The message of an error reply: `{"error": {"message": ...}}` on the OpenAI routes."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    return error if isinstance(error, str) and error else None
+
+
+def lm_eval_runs(
+    model: str, url: str, clients: frozenset[str], chat_refusal: str | None
+) -> list[dict[str, Any]]:
+    """What lm-eval runs, in one subprocess, for the chosen lm-eval clients; not the chat
+    client where the server already refused a chat (that step says so instead)."""
+    runs: list[dict[str, Any]] = []
+    if "lm-eval-completions" in clients:
+        runs.append(
+            {
+                "label": "local-completions",
+                "model": "local-completions",
+                "model_args": {
+                    "model": model,
+                    "base_url": f"{url}/v1/completions",
+                    "tokenizer_backend": "remote",
+                    "max_retries": 1,
+                },
+                "tasks": ["hr_check_mc"],
+            }
+        )
+    if "lm-eval-chat" in clients and chat_refusal is None:
+        runs.append(
+            {
+                "label": "local-chat-completions",
+                "model": "local-chat-completions",
+                "model_args": {
+                    "model": model,
+                    "base_url": f"{url}/v1/chat/completions",
+                    "max_retries": 1,
+                },
+                "tasks": ["hr_check_gen"],
+                "apply_chat_template": True,
+            }
+        )
+    return runs
+
+
 class OpenAICheck:
-    def __init__(self, config: Config, model: ModelConfig, progress: LiveProgress | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        model: ModelConfig,
+        progress: LiveProgress | None,
+        clients: frozenset[str] = frozenset(CLIENTS),
+    ) -> None:
         # Loopback, a free port: the check never collides with a running `serve --http`.
         self.config = replace(config, models=(model,))
         self.model = model
+        self.clients = clients
         self.progress = progress
         self.report = ModelReport(model.name, policy=model.policy, strategy=model.strategy)
         self.url = ""
@@ -97,6 +193,9 @@ class OpenAICheck:
         self.chat_answer: str | None = None
         #: The server's reason for refusing a chat: lm-eval's chat run would meet it too.
         self.chat_refusal: str | None = None
+        #: Whether a chat request got an answer or a refusal (then lm-eval's chat client
+        #: needs no request of its own to learn whether the server refuses chat).
+        self.chat_asked = False
 
     async def step(
         self, name: str, body: Callable[[], Awaitable[tuple[str, dict[str, Any]]]]
@@ -153,18 +252,23 @@ class OpenAICheck:
         return self.report
 
     async def _clients(self) -> None:
-        missing = [m for m in ("openai", "lm_eval") if not _installed(m)]
-        if "openai" in missing:
-            self._missing("openai-python", "openai")
-        else:
-            await self.step("completion", self._completion)
-            await self.step("chat", self._chat)
-            await self.step("chat stream", self._stream)
-        await self.step("models", self._models)
-        if "lm_eval" in missing:
-            self._missing("lm-eval", "lm_eval")
-        else:
-            await self._lm_eval()
+        chosen = self.clients
+        if chosen & set(OPENAI_CLIENTS):
+            if not _installed("openai"):
+                self._missing("openai-python", "openai")
+            else:
+                bodies = {"completion": self._completion, "chat": self._chat}
+                bodies["chat-stream"] = self._stream
+                for client in OPENAI_CLIENTS:
+                    if client in chosen:
+                        await self.step(CLIENTS[client], bodies[client])
+        if "models" in chosen:
+            await self.step("models", self._models)
+        if chosen & set(LM_EVAL_CLIENTS):
+            if not _installed("lm_eval"):
+                self._missing("lm-eval", "lm_eval")
+            else:
+                await self._lm_eval()
 
     def _missing(self, client: str, module: str) -> None:
         reason = f"{client} is not installed (no module {module!r}): its steps cannot run"
@@ -181,19 +285,24 @@ class OpenAICheck:
             base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_S
         )
 
-    async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        """The SDK is blocking and the server runs on this loop: call it in a thread."""
+    async def _call(self, what: str, fn: Callable[[], Any], chat: bool = False) -> Any:
+        """The SDK is blocking and the server runs on this loop: call it in a thread. A
+        `chat` request the server refuses records why: lm-eval's chat client would meet it."""
         import openai
 
         try:
-            return await asyncio.to_thread(fn)
+            done = await asyncio.to_thread(fn)
         except openai.APIStatusError as exc:
             reason = _server_reason(exc)
+            if chat:
+                self.chat_refusal, self.chat_asked = reason, True
             raise StepFailed(
                 f"openai-python {what} would break: {reason}", _fix_for(reason)
             ) from None
         except openai.OpenAIError as exc:
             raise StepFailed(f"openai-python {what} would break: {_server_reason(exc)}") from None
+        self.chat_asked = self.chat_asked or chat
+        return done
 
     async def _completion(self) -> tuple[str, dict[str, Any]]:
         client = self._client()
@@ -210,29 +319,25 @@ class OpenAICheck:
         text = done.choices[0].text
         return f"{text!r} ({done.usage.completion_tokens} tokens)", {"text": text}
 
-    async def _chat(self) -> tuple[str, dict[str, Any]]:
-        import openai
-
+    async def _answer(self) -> str:
+        """The non-streamed greedy chat answer (the chat step's, and the one the stream step
+        compares with when `chat` is not chosen)."""
         client = self._client()
-        try:
-            done = await asyncio.to_thread(
-                lambda: client.chat.completions.create(
-                    model=self.model.name, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0
-                )
-            )
-        except openai.APIStatusError as exc:
-            self.chat_refusal = _server_reason(exc)
-            raise StepFailed(
-                f"openai-python chat.completions.create would break: {self.chat_refusal}",
-                _fix_for(self.chat_refusal),
-            ) from None
-        except openai.OpenAIError as exc:
-            raise StepFailed(f"openai-python chat would break: {_server_reason(exc)}") from None
+        done = await self._call(
+            "chat.completions.create",
+            lambda: client.chat.completions.create(
+                model=self.model.name, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0
+            ),
+            chat=True,
+        )
         message = done.choices[0].message if done.choices else None
         if message is None or message.role != "assistant" or message.content is None:
             raise StepFailed("openai-python chat: choices[0].message is not an assistant's text")
-        self.chat_answer = message.content
-        return f"{message.content!r}", {"content": message.content}
+        return str(message.content)
+
+    async def _chat(self) -> tuple[str, dict[str, Any]]:
+        self.chat_answer = await self._answer()
+        return f"{self.chat_answer!r}", {"content": self.chat_answer}
 
     async def _stream(self) -> tuple[str, dict[str, Any]]:
         client = self._client()
@@ -248,7 +353,7 @@ class OpenAICheck:
             )
             return list(stream)
 
-        chunks = await self._call("chat.completions.create(stream=True)", collect)
+        chunks = await self._call("chat.completions.create(stream=True)", collect, chat=True)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         usage = [i for i, c in enumerate(chunks) if c.usage is not None]
         if len(usage) != 1:
@@ -262,15 +367,20 @@ class OpenAICheck:
                 "the usage chunk must be the last before [DONE], with choices: [] "
                 f"(it is chunk {usage[0] + 1} of {len(chunks)}, {len(last.choices)} choices)"
             )
-        if self.chat_answer is not None and text != self.chat_answer:
+        # The comparison is the point of the step: without the chat step's answer to compare
+        # with, it asks for one itself. (A chosen chat step that failed has said why.)
+        plain = self.chat_answer if "chat" in self.clients else await self._answer()
+        if plain is not None and text != plain:
             raise StepFailed(
                 f"the streamed deltas {text!r} differ from the non-streamed greedy answer "
-                f"{self.chat_answer!r} at temperature 0",
+                f"{plain!r} at temperature 0",
                 "a streaming client would show another answer than a plain one",
             )
+        same = " = the non-streamed answer" if plain is not None else ""
         return (
-            f"{len(chunks)} chunks = {text!r}; usage last ({last.usage.completion_tokens} tokens)",
-            {"chunks": len(chunks), "content": text},
+            f"{len(chunks)} chunks = {text!r}{same}; usage last "
+            f"({last.usage.completion_tokens} tokens)",
+            {"chunks": len(chunks), "content": text, "plain": plain},
         )
 
     async def _models(self) -> tuple[str, dict[str, Any]]:
@@ -306,45 +416,49 @@ class OpenAICheck:
             raise StepFailed(f"GET /v1/models lists {ids}, not {self.model.name!r}")
         return f"{len(ids)} model(s): {', '.join(ids)}", {"ids": ids}
 
+    async def _ask_chat(self) -> None:
+        """One chat request, for lm-eval's chat client when no chat step has asked: a refusal
+        (a model with no chat template) is then reported in the server's words, with what to
+        fix, rather than as lm-eval's HTTPError traceback. Plain HTTP: lm-eval needs no
+        openai-python."""
+        body = {"model": self.model.name, "messages": CHAT, "max_tokens": 1, "temperature": 0}
+        request = urllib.request.Request(
+            self.url + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+
+        def post() -> None:
+            with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as reply:
+                reply.read()
+
+        try:
+            await asyncio.to_thread(post)
+        except urllib.error.HTTPError as exc:
+            self.chat_refusal = f"HTTP {exc.code}: {_error_message(exc.read()) or exc.reason}"
+        except OSError:
+            return  # no answer at all: lm-eval meets it too and says so
+        self.chat_asked = True
+
     async def _lm_eval(self) -> None:
-        """Both lm-eval clients in one subprocess (lm-eval imports once)."""
-        runs: list[dict[str, Any]] = [
-            {
-                "label": "local-completions",
-                "model": "local-completions",
-                "model_args": {
-                    "model": self.model.name,
-                    "base_url": f"{self.url}/v1/completions",
-                    "tokenizer_backend": "remote",
-                    "max_retries": 1,
-                },
-                "tasks": ["hr_check_mc"],
-            }
-        ]
-        if self.chat_refusal is None:
-            runs.append(
-                {
-                    "label": "local-chat-completions",
-                    "model": "local-chat-completions",
-                    "model_args": {
-                        "model": self.model.name,
-                        "base_url": f"{self.url}/v1/chat/completions",
-                        "max_retries": 1,
-                    },
-                    "tasks": ["hr_check_gen"],
-                    "apply_chat_template": True,
-                }
-            )
+        """The chosen lm-eval clients in one subprocess (lm-eval imports once); none at all
+        when the only one chosen is the chat client and the server refuses chat."""
+        if "lm-eval-chat" in self.clients and not self.chat_asked:
+            await self._ask_chat()
+        runs = lm_eval_runs(self.model.name, self.url, self.clients, self.chat_refusal)
         t0 = time.monotonic()
         try:
-            results, failure = await self._run_lm_eval(runs), None
+            results, failure = (await self._run_lm_eval(runs) if runs else {}), None
         except StepFailed as exc:
             results, failure = {}, exc
         seconds = time.monotonic() - t0
-        for label, metric in (
-            ("local-completions", "acc,none"),
-            ("local-chat-completions", "exact_match,none"),
+        for client, metric in (
+            ("lm-eval-completions", "acc,none"),
+            ("lm-eval-chat", "exact_match,none"),
         ):
+            if client not in self.clients:
+                continue
+            label = LM_EVAL_CLIENTS[client]
             name = f"lm-eval {label}"
             got = results.get(label)
             if label == "local-chat-completions" and self.chat_refusal is not None:
@@ -354,7 +468,7 @@ class OpenAICheck:
                     0.0,
                     f"lm-eval {label} would break: the server refuses chat ({self.chat_refusal})",
                     {},
-                    "see the chat step",
+                    _fix_for(self.chat_refusal),
                 )
             elif failure is not None:
                 step = Step(name, False, seconds, failure.reason, {}, failure.hint, failure.tb)
@@ -372,11 +486,12 @@ class OpenAICheck:
             else:
                 task, scores = next(iter(got["metrics"].items()))
                 value = scores.get(metric)
+                shared = " (one lm-eval run for both clients)" if len(runs) > 1 else ""
                 step = Step(
                     name,
                     True,
                     seconds,
-                    f"{task} {metric.split(',')[0]} {value} (one lm-eval run for both clients)",
+                    f"{task} {metric.split(',')[0]} {value}{shared}",
                     {"task": task, "metrics": scores},
                 )
             self.report.steps.append(step)
@@ -428,12 +543,22 @@ class OpenAICheck:
 
 
 async def _check(
-    config: Config, models: list[ModelConfig], progress: LiveProgress | None
+    config: Config,
+    models: list[ModelConfig],
+    clients: frozenset[str],
+    progress: LiveProgress | None,
 ) -> list[ModelReport]:
-    return [await OpenAICheck(config, m, progress).run() for m in models]
+    return [await OpenAICheck(config, m, progress, clients).run() for m in models]
 
 
-def check_openai_main(config_path: str | None, *, model: str | None, as_json: bool) -> int:
+def check_openai_main(
+    config_path: str | None, *, model: str | None, as_json: bool, clients: str | None = None
+) -> int:
+    try:
+        chosen = parse_clients(clients)
+    except ClientsError as exc:
+        print(f"hotreload check --openai: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = load_config(config_path)
         if model:
@@ -450,4 +575,4 @@ def check_openai_main(config_path: str | None, *, model: str | None, as_json: bo
         preflight(config, models)
     except ConfigError as exc:
         return error_exit("hotreload check", exc)
-    return run_checks(partial(_check, config, models), as_json, config.path)
+    return run_checks(partial(_check, config, models, chosen), as_json, config.path)

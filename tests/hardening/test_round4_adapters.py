@@ -159,55 +159,126 @@ def kinds(seen: list[BaseEvent]) -> list[str]:
 # ----------------------------------------------------------------------------- items 1 and 3
 
 
-def test_an_adapter_written_in_place_never_takes_the_serving_worker_down_nor_a_nan_push_in(
-    tmp_path: Path,
+def kill_serving(sup: Any) -> int:
+    pid = sup.record.serving.pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+async def restarted(sup: Any, old_pid: int, seen: list[BaseEvent]) -> None:
+    def done() -> bool:
+        w = sup.record.serving
+        back = w is not None and w.pid != old_pid and w.alive and sup.record.state == "serving"
+        return back or sup.record.state == "failed"
+
+    await wait_for(done, "the restart (or its failure)", 120)
+
+
+async def in_place_save_then_nan(
+    session: Session, sup: Any, config: Path, tmp_path: Path, got: dict[str, Any]
 ) -> None:
-    """Item 1, then item 3 on the version it built (one session): an adapter file written in
-    place is waited for while the same worker answers on; a push of NaN into an adapter
-    that is not the default, then the same NaN saved as its file, are refused."""
-    config = project(tmp_path)
+    """Item 1, then item 3 on the version it built: an adapter file written in place in two
+    halves, a push of NaN into b (not the default), then the same NaN saved as b's file."""
+    from safetensors.torch import load_file
+
     target = adapter_file(config, "a")
     new = tmp_path / "new_a"
     save_wide_adapter(new, 7)
     data = (new / "adapter_model.safetensors").read_bytes()
-    got: dict[str, Any] = {}
-    from safetensors.torch import load_file
-
     saved = load_file(str(adapter_file(config, "b")))
     nan = {k.replace(".weight", ".b.weight"): np.full(tuple(v.shape), np.nan, np.float32)
            for k, v in saved.items()}  # fmt: skip
 
+    before = await answers(sup)
+    pid = sup.record.serving.pid
+    # The issue's repro: half the bytes in place, the rest 2 s later (1 s here).
+    with open(target, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        during = [await answers(sup) for _ in range(3)]  # old version answers on
+        reload = asyncio.ensure_future(session.reload_model("m", trigger="file"))
+        await asyncio.sleep(1.0)
+        during.append(await answers(sup))
+        f.write(data[len(data) // 2 :])
+    outcome = await reload
+    got.update(before=before, during=during, outcome=outcome, pid=pid)
+    got["after"] = await answers(sup)
+    got["pid_after"] = sup.record.serving.pid
+    # Item 3: over the version just built.
+    with pack_state(nan) as packed, pytest.raises(ReloadFailedError) as failed:
+        await sup.push(packed.descriptor, strict=False)
+    got["error"] = str(failed.value)
+    got["after_push"] = await answers(sup)
+    # The same NaN saved as b's file: the reload smoke-tests b as well.
+    nan_file = tmp_path / "nan.safetensors"
+    save_file({k: torch.full_like(v, float("nan")) for k, v in saved.items()}, str(nan_file))
+    nan_file.replace(adapter_file(config, "b"))
+    got["reload"] = await session.reload_model("m", trigger="file")
+    got["last"] = await answers(sup)
+    got["version"] = sup.record.version
+
+
+async def restart_with_no_good_copy(
+    session: Session, sup: Any, config: Path, good_b: bytes, got: dict[str, Any]
+) -> None:
+    """No snapshot at all: the restart reads the files on disk, where b's is cut short; the
+    save that mends it (`good_b`, the b that serves) reloads b."""
+    target = adapter_file(config, "b")
+    got["before"] = await answers(sup)
+    target.write_bytes(good_b[: len(good_b) // 2])
+    await restarted(sup, kill_serving(sup), [])
+    got["state"] = sup.record.state
+    got["a"], got["base"] = await infer(sup, "a"), await infer(sup, "base")
+    with pytest.raises(WorkerUnavailableError) as failed:
+        await infer(sup, "b")
+    got["b_error"] = failed.value
+    got["status"] = sup.record.current.adapters
+    target.write_bytes(good_b)
+    got["reload"] = await session.reload_model("m", trigger="file")
+    got["b"] = await infer(sup, "b")
+
+
+def test_in_place_saves_and_nan_pushes_spare_the_worker_and_a_restart_serves_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One session, in two acts (a session with its workers costs more than either act).
+
+    1. Items 1 and 3: an adapter file written in place is waited for while the same worker
+       answers on; a push of NaN into an adapter that is not the default, then the same NaN
+       saved as its file, are refused.
+    2. A restart with no good copy of an adapter (no snapshot at all: a project whose folders
+       hold more than MAX_COPY_BYTES of small files skips it, so the restart reads the files
+       on disk, and b's is broken) serves the rest and says why b is left out.
+
+    Act 1 runs as a user's session does, a snapshot taken before every build (the build
+    reads from it). Between the acts the snapshots stop (MAX_COPY_BYTES 0), b's good file is
+    saved back and the code saved again unchanged (a snapshot links the files unchanged
+    since the last one, copying nothing, so a file must change for the limit to bite), and
+    that reload builds a version with no snapshot, the one act 2 restarts."""
+    config = project(tmp_path)
+    good_b = adapter_file(config, "b").read_bytes()
+    first: dict[str, Any] = {}
+    second: dict[str, Any] = {}
+    act_one_events = 0
+
     async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
-        before = await answers(sup)
-        pid = sup.record.serving.pid
-        # The issue's repro: half the bytes in place, the rest 2 s later (1 s here).
-        with open(target, "wb") as f:
-            f.write(data[: len(data) // 2])
-            f.flush()
-            during = [await answers(sup) for _ in range(3)]  # old version answers on
-            reload = asyncio.ensure_future(session.reload_model("m", trigger="file"))
-            await asyncio.sleep(1.0)
-            during.append(await answers(sup))
-            f.write(data[len(data) // 2 :])
-        outcome = await reload
-        got.update(before=before, during=during, outcome=outcome, pid=pid)
-        got["after"] = await answers(sup)
-        got["pid_after"] = sup.record.serving.pid
-        # Item 3: over the version just built.
-        with pack_state(nan) as packed, pytest.raises(ReloadFailedError) as failed:
-            await sup.push(packed.descriptor, strict=False)
-        got["error"] = str(failed.value)
-        got["after_push"] = await answers(sup)
-        # The same NaN saved as b's file: the reload smoke-tests b as well.
-        nan_file = tmp_path / "nan.safetensors"
-        save_file({k: torch.full_like(v, float("nan")) for k, v in saved.items()}, str(nan_file))
-        nan_file.replace(adapter_file(config, "b"))
-        got["reload"] = await session.reload_model("m", trigger="file")
-        got["last"] = await answers(sup)
-        got["version"] = sup.record.version
+        nonlocal act_one_events
+        await in_place_save_then_nan(session, sup, config, tmp_path, first)
+        act_one_events = len(seen)
+        first["snapshot"] = sup.record.good_snapshot
+        monkeypatch.setattr(snapshots, "MAX_COPY_BYTES", 0)
+        adapter_file(config, "b").write_bytes(good_b)  # over act 1's NaN
+        code = config.parent / "model.py"
+        code.write_text(code.read_text())
+        second["unsnapshotted"] = await session.reload_model("m", trigger="file")
+        second["snapshot"] = sup.record.good_snapshot
+        await restart_with_no_good_copy(session, sup, config, good_b, second)
 
     seen = run_session(config, scenario, checkpoint_s=30)
-    assert "worker_died" not in kinds(seen), [e for e in seen if e.kind == "worker_died"]
+
+    got, act_one = first, seen[:act_one_events]
+    assert got["snapshot"] is not None  # act 1 built from snapshots, as by default
+    assert "worker_died" not in kinds(act_one), [e for e in act_one if e.kind == "worker_died"]
     assert got["pid_after"] == got["pid"]  # the same worker throughout
     for each in got["during"]:
         for name in ("a", "b", "base"):
@@ -226,23 +297,21 @@ def test_an_adapter_written_in_place_never_takes_the_serving_worker_down_nor_a_n
         np.testing.assert_array_equal(got["after_push"][name], got["after"][name])
         np.testing.assert_array_equal(got["last"][name], got["after"][name])
 
+    got = second
+    assert got["unsnapshotted"].ok and got["snapshot"] is None, got["unsnapshotted"]
+    assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
+    assert got["state"] == "serving"
+    np.testing.assert_array_equal(got["a"], got["before"]["a"])
+    np.testing.assert_array_equal(got["base"], got["before"]["base"])
+    err = str(got["b_error"])
+    assert "adapter 'b' is not served" in err and "adapter_model.safetensors" in err, err
+    assert "save it again" in err, err
+    assert set(got["status"]["unavailable"]) == {"b"}, got["status"]
+    assert got["reload"].ok, got["reload"]
+    np.testing.assert_array_equal(got["b"], got["before"]["b"])
+
 
 # ----------------------------------------------------------------------------- item 1: restarts
-
-
-def kill_serving(sup: Any) -> int:
-    pid = sup.record.serving.pid
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
-async def restarted(sup: Any, old_pid: int, seen: list[BaseEvent]) -> None:
-    def done() -> bool:
-        w = sup.record.serving
-        back = w is not None and w.pid != old_pid and w.alive and sup.record.state == "serving"
-        return back or sup.record.state == "failed"
-
-    await wait_for(done, "the restart (or its failure)", 120)
 
 
 def test_a_worker_that_dies_while_adapter_files_are_truncated_comes_back_with_them(
@@ -280,44 +349,6 @@ def test_a_worker_that_dies_while_adapter_files_are_truncated_comes_back_with_th
     assert got["state"] == "serving"
     for name in ("a", "b", "base"):  # a and b: their last good versions, from the snapshot
         np.testing.assert_array_equal(got["after"][name], got["before"][name])
-
-
-def test_a_restart_with_no_good_copy_of_an_adapter_serves_the_rest_and_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # No snapshot at all (a project whose folders hold more than MAX_COPY_BYTES of small
-    # files skips it): the restart reads the files on disk, b's is broken.
-    monkeypatch.setattr(snapshots, "MAX_COPY_BYTES", 0)
-    config = project(tmp_path)
-    target = adapter_file(config, "b")
-    got: dict[str, Any] = {}
-
-    async def scenario(session: Session, sup: Any, seen: list[BaseEvent]) -> None:
-        got["before"] = await answers(sup)
-        data = target.read_bytes()
-        target.write_bytes(data[: len(data) // 2])
-        await restarted(sup, kill_serving(sup), seen)
-        got["state"] = sup.record.state
-        got["a"], got["base"] = await infer(sup, "a"), await infer(sup, "base")
-        with pytest.raises(WorkerUnavailableError) as failed:
-            await infer(sup, "b")
-        got["b_error"] = failed.value
-        got["status"] = sup.record.current.adapters
-        target.write_bytes(data)  # the save that mends it reloads b
-        got["reload"] = await session.reload_model("m", trigger="file")
-        got["b"] = await infer(sup, "b")
-
-    seen = run_session(config, scenario, checkpoint_s=5)
-    assert "restart_failed" not in kinds(seen), [e for e in seen if e.kind == "restart_failed"]
-    assert got["state"] == "serving"
-    np.testing.assert_array_equal(got["a"], got["before"]["a"])
-    np.testing.assert_array_equal(got["base"], got["before"]["base"])
-    err = str(got["b_error"])
-    assert "adapter 'b' is not served" in err and "adapter_model.safetensors" in err, err
-    assert "save it again" in err, err
-    assert set(got["status"]["unavailable"]) == {"b"}, got["status"]
-    assert got["reload"].ok, got["reload"]
-    np.testing.assert_array_equal(got["b"], got["before"]["b"])
 
 
 # ----------------------------------------------------------------------------- in process

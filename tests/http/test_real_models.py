@@ -363,14 +363,49 @@ def test_a_wrong_shapes_declaration_is_refused_saying_why(shapes: str, message: 
     assert message in str(refused.value)
 
 
+#: A torch-only stand-in with the encoder's example (any sequence length), for the tests of
+#: `shapes` itself in a real worker: what they prove is not the model, and a worker that
+#: imports transformers costs seconds more. Its outputs are shaped as BERT's are: one per
+#: token ([1, L, 8], following the input's length) and one pooled ([1, 8]).
+TOKENS_MODEL = """
+import torch
+
+class Pool(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 8)
+
+    def forward(self, input_ids, attention_mask):
+        mask = attention_mask.unsqueeze(-1).float()
+        hidden = self.embed(input_ids) * mask
+        pooled = hidden.sum(1) / mask.sum(1).clamp(min=1)
+        return {"last_hidden_state": hidden, "pooler_output": pooled}
+
+def build():
+    torch.manual_seed(0)
+    return Pool().eval()
+
+def example():
+    ids = torch.arange(16).reshape(1, 16) % 300
+    return {"input_ids": ids, "attention_mask": torch.ones(1, 16, dtype=torch.long)}
+"""
+
+#: The same, but it only takes the example's sequence length, whatever `shapes` says.
+FIXED_LENGTH_MODEL = TOKENS_MODEL.replace(
+    "        mask = ", '        assert input_ids.shape[1] == 16, "only 16 tokens"\n        mask = '
+)
+
+
+def model_section(name: str, file: str, shapes: str) -> str:
+    return (
+        f'[[models]]\nname = "{name}"\nentry = "{file}:build"\nexample = "{file}:example"\n'
+        f"threads = 1\nwarmup_iters = 1\nshapes = {shapes}\n\n"
+    )
+
+
 def test_a_wrong_shapes_declaration_fails_the_start_and_says_why(tmp_path: Path, serve) -> None:
     shapes, message = WRONG_SHAPES[0]
-    config = project(
-        tmp_path,
-        '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'
-        f"threads = 1\nwarmup_iters = 1\nshapes = {shapes}\n",
-        {"enc.py": ENCODER},
-    )
+    config = project(tmp_path, model_section("enc", "enc.py", shapes), {"enc.py": TOKENS_MODEL})
     session = serve(config, wait_ready=False)
     session.wait_for(message, 90)
 
@@ -384,46 +419,33 @@ def test_shapes_values_are_checked_in_the_config(tmp_path: Path) -> None:
 
 
 def test_check_tries_the_declared_dynamic_dimensions_at_another_size(tmp_path: Path) -> None:
+    """One `hotreload check` of two models declaring the same dynamic dimensions: "enc" takes
+    another size, "fixed" fails at it (each model is checked in a worker of its own)."""
     import subprocess
 
-    fixed_length = ENCODER.replace("    return BertModel(config).eval()", FIXED_LENGTH_MODEL)
-    for source, ok in ((ENCODER, True), (fixed_length, False)):
-        config = project(
-            tmp_path / ("ok" if ok else "bad"),
-            '[[models]]\nname = "enc"\nentry = "enc.py:build"\nexample = "enc.py:example"\n'
-            "threads = 1\nwarmup_iters = 1\n"
-            "shapes = { input_ids = [-1, -1], attention_mask = [-1, -1] }\n",
-            {"enc.py": source},
-        )
-        out = subprocess.run(
-            [sys.executable, "-m", "hotreload", "check", "--reloads", "0", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            cwd=config.parent,
-        )
-        if ok:
-            assert out.returncode == 0, out.stdout + out.stderr
-            dynamic = "dynamic input_ids [-1, -1], attention_mask [-1, -1]"
-            assert f"{dynamic}: ok at [[1, 15], [1, 15]]" in out.stdout
-        else:
-            assert out.returncode == 1, out.stdout + out.stderr
-            assert "the model failed for inputs of shape [[1, 15], [1, 15]]" in out.stdout
-
-
-#: A model that only takes the example's sequence length, whatever `shapes` says.
-FIXED_LENGTH_MODEL = """    model = BertModel(config).eval()
-
-    class SixteenOnly(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
-        def forward(self, input_ids, attention_mask):
-            assert input_ids.shape[1] == 16, "only 16 tokens"
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
-
-    return SixteenOnly()"""
+    dynamic_shapes = "{ input_ids = [-1, -1], attention_mask = [-1, -1] }"
+    config = project(
+        tmp_path,
+        model_section("enc", "enc.py", dynamic_shapes)
+        + model_section("fixed", "fixed.py", dynamic_shapes),
+        {"enc.py": TOKENS_MODEL, "fixed.py": FIXED_LENGTH_MODEL},
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "hotreload", "check", "--reloads", "0", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=config.parent,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    # Only "fixed" failed: "enc" passed every step (its own check would exit with 0).
+    assert "hotreload check: FAIL: fixed (" in out.stdout, out.stdout
+    enc, fixed = out.stdout.split("\nfixed on ")
+    # At 15 tokens as at the example's 16, one output following the length, one not.
+    outputs = "last_hidden_state float32[1, 16, 8], pooler_output float32[1, 8]"
+    dynamic = "dynamic input_ids [-1, -1], attention_mask [-1, -1]"
+    assert f"{outputs}; {dynamic}: ok at [[1, 15], [1, 15]]" in enc, out.stdout
+    assert "the model failed for inputs of shape [[1, 15], [1, 15]]" in fixed, out.stdout
 
 
 def test_demo_traffic_stand_ins_cover_strings_and_bfloat16() -> None:
