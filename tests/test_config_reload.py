@@ -5,8 +5,7 @@ version serving with the old settings, and what needs a restart says so
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +29,36 @@ def in_process(project: Path, weights: Path) -> np.ndarray:
 
 
 def make_weights(project: Path, name: str, seed: int) -> Path:
+    """What the example's make_weights.py writes for `seed` (the module's initial weights
+    after torch.manual_seed, saved whole then renamed over `name`), written here: the script
+    in a process of its own imported torch again, 2 s of CPU per file (the script itself:
+    tests/test_first_day.py)."""
+    namespace: dict = {}
+    exec(compile((project.parent / "model.py").read_text(), "model.py", "exec"), namespace)
+    with torch.random.fork_rng():  # this process's own random state stays as it was
+        torch.manual_seed(seed)
+        state = {k: v.contiguous() for k, v in namespace["build"]().state_dict().items()}
     out = project.parent / name
-    subprocess.run(
-        [
-            sys.executable,
-            str(project.parent / "make_weights.py"),
-            "--seed",
-            str(seed),
-            "--out",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
+    tmp = out.with_name(out.name + ".tmp")
+    save_file(state, str(tmp))
+    os.replace(tmp, out)  # atomically, as the script does: the watch only sees whole files
+    return out
+
+
+def make_unused_weights(project: Path, name: str, seed: int) -> Path:
+    """A weights file no model names yet, once the watcher said so: a config edit naming it
+    then changes the settings alone. (Written in the watcher's same quiet window as the
+    edit, the file's own change would reload the model a second time, as a file the new
+    settings use.)"""
+    since = len(read_events(project))
+    out = make_weights(project, name, seed)
+    wait_until(
+        lambda: any(
+            e.get("kind") == "file_unused" and e.get("path") == str(out)
+            for e in read_events(project)[since:]
+        ),
+        30,
+        what=f"the watcher saying {name} is used by no model",
     )
     return out
 
@@ -70,13 +86,13 @@ def config_said(project: Path, text: str, timeout: float = 30.0, since: int = 0)
     return str(wait_until(found, timeout, what=f"config_changed saying {text!r}"))
 
 
-def test_settings_edits_failed_rebuilt_in_a_fresh_worker_and_applied_live_in_one_session(
+def test_settings_edits_failed_rebuilt_in_a_fresh_worker_applied_live_and_after_the_last_one(
     project: Path, serve
 ) -> None:
     """In turn, in one watch session: a settings edit that fails leaves the old version
     serving with the old settings; weights pointed at another file reload in a fresh worker
-    that the watcher follows; a live setting applies at once, and `cpus` waits for a
-    restart."""
+    that the watcher follows; a live setting applies at once; an edit saved while the last
+    one reloads applies after it; and `cpus` waits for a restart."""
     serve(project, "--no-tui", command="watch")
     client = Client(config=project, timeout_s=60)
 
@@ -104,7 +120,7 @@ def test_settings_edits_failed_rebuilt_in_a_fresh_worker_and_applied_live_in_one
     # Weights pointed at another file: a reload in a fresh worker, which the watcher follows.
     first = model_status(client)
     v2 = client.infer("mlp", X)
-    other = make_weights(project, "other.safetensors", seed=7)
+    other = make_unused_weights(project, "other.safetensors", seed=7)
     since = len(read_events(project))
     edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["other.safetensors"]')
     said = config_said(project, "mlp (weights) reloads with them", since=since)
@@ -126,10 +142,9 @@ def test_settings_edits_failed_rebuilt_in_a_fresh_worker_and_applied_live_in_one
     np.testing.assert_allclose(
         client.infer("mlp", X).output, in_process(project, other), rtol=1e-5, atol=1e-6
     )
-    make_weights(project, "weights.safetensors", seed=9)
-    wait_until(
-        lambda: count_events(project, "file_unused"), 30, what="the old weights file said unused"
-    )
+    # (The helper waits for the watcher to say this save unused: an earlier file's
+    # file_unused, still in the log, would otherwise let the check below run before it.)
+    make_unused_weights(project, "weights.safetensors", seed=9)
     assert model_status(client)["version"] == 4
 
     # A live setting applies at once; `cpus` is read at start (last: it stays unapplied).
@@ -141,6 +156,25 @@ def test_settings_edits_failed_rebuilt_in_a_fresh_worker_and_applied_live_in_one
     wait_until(lambda: model_status(client)["queue_limit"] == 7, 30, what="queue_limit 7")
     now = model_status(client)
     assert (now["version"], now["pid"]) == (before["version"], before["pid"])
+    assert count_events(project, "reload_requested") == asked_before
+
+    # An edit saved while the last one reloads applies after it: weights pointed back at
+    # weights.safetensors (seed 9 now), then, while v5 builds in its fresh worker (seconds:
+    # a process start), at other.safetensors again with a limit changed. That edit is
+    # compared with what serves once v5 does: v6 serves v4's weights with the new limit.
+    v4 = client.infer("mlp", X)
+    since = len(read_events(project))
+    edit_config(project, 'weights = ["other.safetensors"]', 'weights = ["weights.safetensors"]')
+    config_said(project, "mlp (weights) reloads with them", since=since)
+    text = project.read_text().replace('"weights.safetensors"', '"other.safetensors"')
+    project.write_text(text.replace("max_queue_size = 7", "max_queue_size = 9"))
+    config_said(project, "mlp (max_queue_size, weights) reloads with them", since=since)
+    wait_until(lambda: model_status(client)["version"] == 6, 60, what="v6 with the revert")
+    assert model_status(client)["queue_limit"] == 9
+    back = client.infer("mlp", X)
+    assert back.digest == v4.digest and np.array_equal(back.output, v4.output)
+
+    asked_before = count_events(project, "reload_requested")
     edit_config(project, "threads = 1 ", 'threads = 1\ncpus = "off" ')
     said = config_said(project, "mlp: cpus: read at start")
     assert "restart `hotreload watch`" in said, said
@@ -176,22 +210,3 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def test_an_edit_saved_while_the_last_one_reloads_applies_after_it(project: Path, serve) -> None:
-    serve(project, "--no-tui", command="watch")
-    client = Client(config=project, timeout_s=60)
-    v1 = client.infer("mlp", X)
-    make_weights(project, "other.safetensors", seed=7)
-    edit_config(project, 'weights = ["weights.safetensors"]', 'weights = ["other.safetensors"]')
-    config_said(project, "mlp (weights) reloads with them")
-    # While v2 builds in its fresh worker (seconds: a process start): revert the weights and
-    # change a limit. It is compared with what serves once v2 does.
-    text = project.read_text().replace('"other.safetensors"', '"weights.safetensors"')
-    project.write_text(text.replace("max_queue_size = 256", "max_queue_size = 7"))
-    config_said(project, "mlp (max_queue_size, weights) reloads with them")
-    wait_until(lambda: model_status(client)["version"] == 3, 60, what="v3 with the revert")
-    now = model_status(client)
-    assert now["queue_limit"] == 7
-    back = client.infer("mlp", X)
-    assert back.digest == v1.digest and np.array_equal(back.output, v1.output)
