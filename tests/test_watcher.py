@@ -335,3 +335,38 @@ def test_a_large_checkpoint_is_compared_by_its_stat_not_hashed(tmp_path: Path) -
     os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
     b = _fingerprint(small)
     assert a is not None and b is not None and a.digest == b.digest
+
+
+@pytest.mark.parametrize("rebuilt", [True, False], ids=["config-rebuilt-it", "settings-only"])
+def test_a_weights_file_saved_with_the_config_edit_naming_it_builds_once(
+    tmp_path: Path, rebuilt: bool
+) -> None:
+    """A new weights file and the config edit that names it, in one flush: where the edit
+    built the model anew (it read the new file) the file reloads nothing more; where the
+    edit built nothing, the file, now used, reloads the model."""
+    config = make_project(tmp_path)
+
+    async def main() -> tuple[list[Change], int]:
+        w, changes, _ = await _watcher(config)
+        edits = 0
+
+        async def on_config_change() -> frozenset[str]:
+            nonlocal edits
+            edits += 1
+            await w.use_config(load_config(config))  # as the session does once it serves
+            return frozenset({"mlp"}) if rebuilt else frozenset()
+
+        w.on_config_change = on_config_change
+        await w.prime()
+        new_weights = w.config.path.parent / "weights2.safetensors"
+        new_weights.write_bytes((config.parent / "weights.safetensors").read_bytes())
+        config.write_text(
+            config.read_text().replace('"weights.safetensors"', '"weights2.safetensors"')
+        )
+        await w._dispatch({new_weights, w.config.path})  # the two saves' one flush
+        return changes, edits
+
+    changes, edits = run(main())
+    assert edits == 1
+    got = [(c.model, [p.name for p in c.paths]) for c in changes]
+    assert got == ([] if rebuilt else [("mlp", ["weights2.safetensors"])]), got

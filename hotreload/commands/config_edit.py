@@ -83,23 +83,25 @@ def plan_edit(old: Config, new: Config) -> EditPlan:
     return plan
 
 
-async def apply_edit(ws: WatchSession, new: Config) -> None:
-    """Apply the saved file over what the session serves, and say what became of it."""
+async def apply_edit(ws: WatchSession, new: Config) -> frozenset[str]:
+    """Apply the saved file over what the session serves, and say what became of it;
+    returns the models built anew with it."""
     plan = plan_edit(ws.config, new)
     ws.session.events.emit(ConfigChanged(detail=plan.message(ws.config.path.name)))
     for m in plan.live:
         s = _settings(ws, m)
         ws.session.models[m.name].use_settings(s)
         await _serving_with(ws, m)
-    await asyncio.gather(*(_reload(ws, m, keys) for m, keys in plan.reloads))
+    built = await asyncio.gather(*(_reload(ws, m, keys) for m, keys in plan.reloads))
+    return frozenset(m.name for (m, _), ok in zip(plan.reloads, built, strict=True) if ok)
 
 
-async def _reload(ws: WatchSession, m: ModelConfig, keys: tuple[str, ...]) -> None:
+async def _reload(ws: WatchSession, m: ModelConfig, keys: tuple[str, ...]) -> bool:
     detail = [f"{ws.config.path.name}: {', '.join(keys)}"]
     outcome = await ws.session.models[m.name].reload("config", detail, settings=_settings(ws, m))
     if outcome.ok:
         await _serving_with(ws, m)
-        return
+        return True
     ws.session.events.emit(
         ConfigChanged(
             detail=f"{m.name}'s new settings failed in {outcome.phase or 'the reload'}: "
@@ -107,6 +109,7 @@ async def _reload(ws: WatchSession, m: ModelConfig, keys: tuple[str, ...]) -> No
             f"{ws.config.path.name} and save it again"
         )
     )
+    return False
 
 
 def _settings(ws: WatchSession, m: ModelConfig) -> Settings:

@@ -55,7 +55,9 @@ class WatchSession:
         ):
             self.start_state, self.start_error = "started", None
 
-    async def _on_config_change(self) -> None:
+    async def _on_config_change(self) -> frozenset[str]:
+        """Apply the saved config; the models it built anew (the watcher's flush needs not
+        reload them for the files saved with it)."""
         # One edit at a time, each read once the one before has applied (its reloads done):
         # it is compared with what serves then, and the file as it is then.
         async with self._config_edits:
@@ -65,8 +67,8 @@ class WatchSession:
                 self.session.events.emit(
                     event_kinds.ConfigError(error=f"{exc}; the running session keeps its settings")
                 )
-                return
-            await apply_edit(self, new)
+                return frozenset()
+            return await apply_edit(self, new)
 
     async def _on_change(self, change: Change) -> None:
         root = self.config.root

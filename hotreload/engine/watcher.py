@@ -116,8 +116,9 @@ class FileWatcher:
         (a watcher without a session) reloads a model on every file in its watch paths."""
         self.config = config
         self.on_change = on_change
-        #: Called when the config file's content changed (it reloads no model by itself).
-        self.on_config_change: Callable[[], Awaitable[Any]] | None = None
+        #: Called when the config file's content changed; returns the models it built anew
+        #: (a settings edit that rebuilds them), which read every file as it is now.
+        self.on_config_change: Callable[[], Awaitable[frozenset[str]]] | None = None
         self.events = events
         self.quiet_s = config.watch.quiet_ms / 1000 if quiet_s is None else quiet_s
         self.max_wait_s = config.watch.max_wait_ms / 1000 if max_wait_s is None else max_wait_s
@@ -421,10 +422,13 @@ class FileWatcher:
         self.flushes += 1
         if not changed:
             return
+        rebuilt: frozenset[str] = frozenset()
         if self.config.path in changed and self.on_config_change is not None:
-            # Settings are read at start: the config file never reloads a model itself.
-            await self.on_config_change()
+            rebuilt = await self.on_config_change()
         per_model, unused = self.routes.split([p for p in changed if p != self.config.path])
+        # A model the config edit built anew read this flush's files: a weights file saved
+        # with the edit that names it would otherwise build the same version twice.
+        per_model = {m: c for m, c in per_model.items() if m not in rebuilt}
         # Reloads asked for before this flush may import a file this flush found unused.
         earlier = {m: f for m, f in self._reloading.items() if m not in per_model}
         await asyncio.gather(*(self._reload(c) for c in per_model.values()))
