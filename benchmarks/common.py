@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,35 @@ def read_events(project: Path) -> list[dict[str, Any]]:
             except ValueError:
                 pass
     return out
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
+    """Wait for the KServe ready route of the example's `mlp` at `url`; exit if `proc` ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v2/models/mlp/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"not ready after {timeout} s")
+
+
+def stop_server(proc: subprocess.Popen[bytes], wait_s: float = 30) -> None:
+    """SIGINT, `wait_s` to end, then SIGKILL to its whole process group (its workers)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(10)

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
 import shutil
 import signal
 import socket
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from common import REPO, percentile
+from common import REPO, percentile, stop_server, wait_ready
 
 from hotreload.export.local_triton import ensure_python_env, find_local_triton
 
@@ -174,21 +173,6 @@ def _start(server: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     return proc, f"http://127.0.0.1:{port}", repo / "mlp" / "1" / "code" / "model.py"
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/v2/models/mlp/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"not ready after {timeout} s")
-
-
 def _cpu_seconds(pid: int) -> tuple[float, float]:
     """CPU time of the server's process tree, ended children included (a reloaded Triton
     stub or a retired hotreload worker counts in its reaping parent's children_* times),
@@ -210,27 +194,12 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
     return total, front
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
-        proc.wait(10)
-
-
 def run_once(server: str, clients: int, seconds: float, every: float, reloads: bool) -> Run:
     tmp = Path(tempfile.mkdtemp(prefix="hr-triton-bench-"))
     proc, url, model_py = _start(server, tmp)
     run = Run(server, clients, reloads, seconds)
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         time.sleep(1.0)  # past the first answers' lazy set-up
         ctx = mp.get_context("spawn")
         t_start = time.time() + 2.0
@@ -269,7 +238,7 @@ def run_once(server: str, clients: int, seconds: float, every: float, reloads: b
             run.sent += n
             p.join(30)
     finally:
-        _stop(proc)
+        stop_server(proc)
         shutil.rmtree(tmp, ignore_errors=True)
     run.samples.sort()
     return run

@@ -1,9 +1,12 @@
 """`json_read.loads` gives what `json.loads` gives, value for value and error for error,
-through orjson (the `fast` extra) and without it."""
+through orjson (the `fast` extra) and without it; `json_read.dumps` writes what reads back
+as the stdlib's writing reads, or raises its error."""
 
 from __future__ import annotations
 
+import datetime
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -158,3 +161,112 @@ def test_long_digit_runs_skip_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_read, "orjson", type("Refusing", (), {"loads": staticmethod(refuse)}))
     assert json_read.loads(b"[-9999999999999999999]") == [-9999999999999999999]
     assert isinstance(orjson.loads(b"123456789012345678901234567890"), float)  # why
+
+
+# ------------------------------------------------------------------ dumps
+
+
+def _written(fn: Any, value: Any) -> tuple[str, Any]:
+    try:
+        return "value", fn(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return "error", (type(exc).__name__, str(exc))
+
+
+def _stdlib_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+#: Values where orjson and the stdlib write differently: each must read back as the stdlib's.
+DUMP_EDGES: list[Any] = [
+    {"op": "infer", "tensors": [{"name": "x", "shape": [1, 64], "nbytes": 256}], "id": 7},
+    [0.1, 1e-7, 4.1e-05, 1e16, 1e300, -0.0, 5e-324, 0.12345679104328156],
+    [float("nan")],
+    [float("inf"), float("-inf")],
+    [2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1, 2**200],
+    {"é ☃ \u2028 \x00 \ud800": "\U0001f600"},
+    {"a": None},
+    {"null": 1, "text": "null"},
+    {1: 2, 2.5: "x", None: True},
+    (1, [2, (3,)]),
+    {"nested": {"a": [], "b": {}}, "k": True},
+]
+
+
+@pytest.mark.parametrize("value", DUMP_EDGES, ids=range(len(DUMP_EDGES)))
+def test_dumps_reads_back_as_the_stdlibs_writing(reader: str, value: Any) -> None:
+    ours, theirs = _written(json_read.dumps, value), _written(_stdlib_dumps, value)
+    assert ours[0] == theirs[0] == "value", (value, ours, theirs)
+    assert _same(json.loads(ours[1]), json.loads(theirs[1])), (value, ours, theirs)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_dumps_writes_nan_and_infinities_as_the_stdlib_does(reader: str, value: float) -> None:
+    """orjson would write null: a NaN output would come back as None."""
+    assert json_read.dumps({"x": [1.5, value]}) == _stdlib_dumps({"x": [1.5, value]})
+
+
+def _circular() -> Any:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+@dataclass
+class _Point:
+    x: int = 1
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"x": object()},
+        {1.5j: 1},
+        {"p": _Point()},
+        {"when": datetime.date(2026, 1, 1)},
+        {(1, 2): 3},
+        _circular(),
+    ],
+    ids=range(6),
+)
+def test_dumps_refuses_what_the_stdlib_refuses_with_its_error(reader: str, value: Any) -> None:
+    """orjson writes a dataclass or a date, which the stdlib refuses: refused here too."""
+    ours, theirs = _written(json_read.dumps, value), _written(_stdlib_dumps, value)
+    assert ours == theirs and ours[0] == "error", (ours, theirs)
+
+
+def test_dumps_writes_a_str_subclass_as_the_stdlib_does(reader: str) -> None:
+    assert json_read.dumps({_Text("k"): _Text("v")}) == b'{"k":"v"}'
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_VALUES)
+def test_any_json_value_is_written_to_read_back_as_the_stdlibs(value: Any) -> None:
+    for orjson in (json_read.orjson, None):
+        saved, json_read.orjson = json_read.orjson, orjson
+        try:
+            ours = json.loads(json_read.dumps(value))
+            assert _same(ours, json.loads(_stdlib_dumps(value))), value
+        finally:
+            json_read.orjson = saved
+
+
+def test_orjson_writes_what_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is the one taken for an ordinary header and answer: the stdlib's
+    encoder is not called."""
+    pytest.importorskip("orjson")
+
+    def stdlib(value: Any) -> str:
+        raise AssertionError(f"the stdlib wrote {value!r}, which orjson writes")
+
+    monkeypatch.setattr(json_read, "compact_json", stdlib)
+    header = {"op": "infer", "tensors": [{"shape": [1, 64], "nbytes": 256}], "deadline": 0.1}
+    assert json.loads(json_read.dumps(header)) == header
+    # A null is no NaN: the same writer, so a header measures as it is sent, None or not.
+    assert json_read.dumps({"text": None, "p": "é"}) == '{"text":null,"p":"é"}'.encode()
+    answer = {"model_name": "m", "outputs": [{"data": [0.12345679104328156, -1e-7]}]}
+    assert json.loads(json_read.dumps(answer)) == answer

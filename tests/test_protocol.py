@@ -14,6 +14,7 @@ import pytest
 from hotreload.errors import ProtocolError
 from hotreload.protocol.framing import (
     SocketFrameReader,
+    header_bytes,
     pack_frame,
     read_frame,
     read_frame_sync,
@@ -221,3 +222,19 @@ def test_large_frames_go_whole_through_a_socket_with_a_timeout() -> None:
     assert np.frombuffer(payload, np.uint8).ctypes.data % 64 == 0
     assert np.array_equal(decode_tensors(got[0].header["tensors"], payload)["x"], big)
     assert got[1].header == {"op": "ping"}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"op": "infer", "tensors": [{"name": "x", "shape": [1, 64], "nbytes": 256}], "id": 3},
+        {"op": "text", "text": {"prompt": "é ☃ " * 50}, "deadline": 12.000001, "id": 4},
+        {"ok": True, "digest": None, "values": [4.1e-05, float("nan"), 2**70], "id": 5},
+    ],
+)
+def test_header_bytes_is_the_size_pack_frame_writes(header: dict) -> None:
+    """The router refuses a header the worker could not read by this size: it must be the
+    one sent (orjson writes non-ASCII as UTF-8, the stdlib escaped)."""
+    (head_len,) = struct.unpack_from(">I", b"".join(pack_frame(header)), 4)
+    assert header_bytes(header) == head_len
+    assert unpack_body(b"".join(pack_frame(header))[4:]).header.keys() == header.keys()

@@ -1,9 +1,9 @@
 """Bounds every request meets at the router, whichever way it came in.
 
 - The header the router writes for the worker must fit the worker's reader
-  (`framing.MAX_HEADER_BYTES`), counted as it is written: ASCII-escaped JSON, so a 600 KB
-  header of non-ASCII text, 1.8 MB escaped, is refused at the edge instead of killing the
-  worker.
+  (`framing.MAX_HEADER_BYTES`), counted as it is written (`framing.header_bytes`: UTF-8
+  through orjson, ASCII-escaped by the stdlib, where a 600 KB header of non-ASCII text is
+  1.8 MB), so it is refused at the edge instead of killing the worker.
 - Requests parked for a version (`min_version`) count against the queue's bound and hold
   at most `MAX_PARKED_BYTES` in all: they wait as long as a push takes, and 400 parked
   requests of 4 MiB grew the manager from 47 to 1,654 MiB.
@@ -40,7 +40,7 @@ def forward_problem(
         return None
     return (
         f"the request's tensor descriptions and parameters take {size} bytes as the worker "
-        f"reads them (JSON, non-ASCII escaped), over the {FORWARD_HEADER_LIMIT}-byte header "
+        f"reads them (JSON), over the {FORWARD_HEADER_LIMIT}-byte header "
         "limit; send large values as input tensors, not parameters"
     )
 
@@ -105,12 +105,20 @@ def request_problem(
     text: dict[str, Any] | None,
     input_form: str,
     input_signature: list[dict[str, Any]],
+    tensors_checked: bool = False,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """The request's tensor descriptions, and what is wrong with it for the router (None:
     nothing): its tensors against the payload, its form, its parameters, its inputs against
-    the serving version's, and the size of the header the worker would read."""
+    the serving version's, and the size of the header the worker would read.
+    `tensors_checked`: the tensors were described from the payload by a parser that checked
+    what `validate_metas` checks (KServe's), so they are not checked twice."""
     try:
-        metas = [] if text else validate_metas(header.get("tensors"), len(payload), payload)
+        if text:
+            metas = []
+        elif tensors_checked:
+            metas = header["tensors"]
+        else:
+            metas = validate_metas(header.get("tensors"), len(payload), payload)
     except Exception as exc:  # ProtocolError: say what was wrong, keep serving
         return [], str(exc)
     parameters, form = header.get("parameters"), header.get("form")

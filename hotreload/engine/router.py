@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,6 +58,8 @@ MAX_ATTEMPTS = 2
 #: processes on one core stalled the old one's last requests for 300 ms at times), and a
 #: hung old forward delays the new version by this much, not by the drain deadline.
 HANDOVER_HOLD_S = 0.1
+
+
 @dataclass(frozen=True)
 class StoppedStreams:
     """What a reload's drain deadline did to the streams in flight (`end_streams`): how
@@ -235,12 +238,14 @@ class ModelRouter:
     # ------------------------------------------------------------------ intake
 
     def submit_future(
-        self, header: dict[str, Any], payload: bytes | memoryview
+        self, header: dict[str, Any], payload: bytes | memoryview, *, tensors_checked: bool = False
     ) -> asyncio.Future[Frame]:
         """`submit` for callers that prefer to await a future."""
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         # No stop built (a partial per request): the request path's callers never stop one.
-        self.submit(header, payload, functools.partial(_settle, fut))
+        self.submit(
+            header, payload, functools.partial(_settle, fut), tensors_checked=tensors_checked
+        )
         return fut
 
     def submit_stoppable(
@@ -268,17 +273,21 @@ class ModelRouter:
         payload: bytes | memoryview,
         done: Done,
         on_part: OnPart | None = None,
+        *,
+        tensors_checked: bool = False,
     ) -> Request | None:
         """Queue one infer request; `done` gets the worker's reply frame or the error.
         `on_part`: a streamed request's token frames, before `done`. Returns the request
-        (None: refused at once, `done` was told why).
+        (None: refused at once, `done` was told why). `tensors_checked`: the header's
+        tensors were described from the payload by a parser that checked them as
+        `validate_metas` does (the KServe front's), and are not checked again.
 
         Callbacks, not futures, all the way from the client socket to the worker and back:
         a reply is written to the client in the loop turn it arrives in.
         """
         text = header.get("text") if header.get("op") == WorkerOp.TEXT else None
         metas, problem = request_problem(
-            header, payload, text, self.input_form, self.input_signature
+            header, payload, text, self.input_form, self.input_signature, tensors_checked
         )
         if problem:
             self.counters.bad_request += 1
@@ -301,7 +310,12 @@ class ModelRouter:
             )
             return None
         timeout = header.get("timeout_s")
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        if (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or not math.isfinite(timeout)  # NaN passes `<= 0`, and min(nan, x) is nan
+            or timeout <= 0
+        ):
             timeout = self.request_timeout_s
         timeout = min(float(timeout), self.request_timeout_s)
         loop = asyncio.get_running_loop()

@@ -17,8 +17,6 @@ from aiohttp import web
 
 #: Routes that need the token (by path prefix).
 PROTECTED_PREFIXES = ("/v2/repository",)
-#: Where `request[...]` says whether the request sent the token.
-AUTHORIZED = "hotreload_authorized"
 
 
 def authorized(request: web.Request, token: str | None) -> bool:
@@ -27,7 +25,10 @@ def authorized(request: web.Request, token: str | None) -> bool:
         return True
     sent = request.headers.get("Authorization", "")
     scheme, _, value = sent.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+    # As bytes: compare_digest refuses a str holding non-ASCII (a header can send one),
+    # and a TypeError here would turn a 401 into a bare 500.
+    sent_token = value.strip().encode("utf-8", "surrogateescape")
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent_token, token.encode())
 
 
 def refusal(request: web.Request, token_file: str) -> dict[str, Any]:
@@ -46,28 +47,25 @@ def needs_token(path: str) -> bool:
     return path.startswith(PROTECTED_PREFIXES)
 
 
-def token_middleware(token: str | None, token_file: str) -> Any:
-    """Marks each request as authorized or not (error replies read it to keep tracebacks
-    back) and answers a protected route asked without the token with 401."""
-
-    @web.middleware
-    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        ok = authorized(request, token)
-        request[AUTHORIZED] = ok
-        if not ok and needs_token(request.path):
-            return web.json_response(
-                refusal(request, token_file),
-                status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="hotreload"'},
-            )
-        return await handler(request)
-
-    return check
+def token_refusal(request: web.Request, token: str | None, token_file: str) -> web.Response | None:
+    """The 401 for a protected route asked without the token; None when the request may go
+    on. Asked by the front's one middleware (server.py) before any handler, so an unknown
+    or wrong-method path under a protected prefix is refused too; the token is read only
+    there, and for an error that carries a traceback (`without_details`)."""
+    if token is None or not needs_token(request.path) or authorized(request, token):
+        return None
+    return web.json_response(
+        refusal(request, token_file),
+        status=401,
+        headers={"WWW-Authenticate": 'Bearer realm="hotreload"'},
+    )
 
 
-def without_details(request: web.Request, extra: dict[str, Any]) -> dict[str, Any]:
+def without_details(
+    request: web.Request, extra: dict[str, Any], token: str | None
+) -> dict[str, Any]:
     """An error reply's extra fields, the traceback left out for a request without the
     token (it shows the owner's code and paths)."""
-    if request.get(AUTHORIZED, True) or "traceback" not in extra:
+    if "traceback" not in extra or authorized(request, token):
         return extra
     return {k: v for k, v in extra.items() if k != "traceback"}

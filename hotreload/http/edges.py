@@ -25,8 +25,10 @@ from hotreload.http.chunk_limit import ChunkLimitParser
 from hotreload.http.replies import error_body
 
 #: A request line (`POST /v1/completions HTTP/1.1`): its path, for a request that failed
-#: to parse later on (a bad header), whose error must take the shape of its route's.
-_REQUEST_LINE = re.compile(rb"(?:^|\r?\n)[A-Z]{1,20} (/[^\s?#]*)[^\s]* HTTP/\d\.\d\r?\n")
+#: to parse later on (a bad header), whose error must take the shape of its route's. Not
+#: anchored to a line's start: on a keep-alive connection a request follows the last one's
+#: body, which need not end in a newline.
+_REQUEST_LINE = re.compile(rb"[A-Z]{1,20} (/[^\s?#]*)[^\s]* HTTP/\d\.\d\r?\n")
 #: How much of what a connection received last is kept to find that line in.
 _KEPT_BYTES = 8192
 
@@ -63,15 +65,20 @@ class _JsonErrorHandler(RequestHandler):
     def __init__(self, manager: Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         #: The tail of what this connection received (see `data_received`).
-        self._received = b""
+        self._received = bytearray()
         limit = getattr(manager, "max_body_bytes", None)
         if limit:
             self._parser = ChunkLimitParser(self._parser, limit, self._close_after_response)
 
     def data_received(self, data: bytes) -> None:
         # Kept before parsing: a request that fails to parse names no path to aiohttp.
-        # Only a tail is copied: a large body's chunks cost no more than _KEPT_BYTES each.
-        self._received = (self._received + bytes(data[-_KEPT_BYTES:]))[-_KEPT_BYTES:]
+        # Only a tail is copied: a large body's chunks cost no more than _KEPT_BYTES each,
+        # and a request's own bytes are copied once (the tail is cut back to _KEPT_BYTES
+        # once it holds twice that, not rebuilt on every read).
+        received = self._received
+        received += data[-_KEPT_BYTES:]
+        if len(received) > 2 * _KEPT_BYTES:
+            del received[:-_KEPT_BYTES]
         super().data_received(data)
 
     def _close_after_response(self) -> None:
@@ -92,7 +99,7 @@ class _JsonErrorHandler(RequestHandler):
         self.logger.debug("malformed HTTP request from %s: %s", request.remote, exc)
         if request.writer.output_size > 0:
             raise ConnectionError("a response was sent already: the connection is broken")
-        path = parse_error_path(self._received)
+        path = parse_error_path(bytes(self._received[-_KEPT_BYTES:]))
         text = f"malformed HTTP request: {message or exc or 'bad request'}"
         resp = _json(error_body(path, 400, text), 400)
         resp.force_close()

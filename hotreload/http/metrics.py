@@ -4,7 +4,8 @@ Figures the engine already keeps (queue depth, in flight, request counters, vers
 restarts, load and warm-up times, GPU readings) are read at scrape time by a custom
 collector, so nothing is copied on the request path. What only exists as a stream (reload
 phases and outcomes, Xid events) is counted from the event bus, and request and queue
-latencies are observed into histograms as the router records them.
+latencies are counted into histogram buckets as the router records them (plain numbers,
+exposed at scrape time as prometheus_client's `Histogram` exposes them).
 
 Each session has its own `CollectorRegistry`: two sessions in one process (tests) never
 share series, and nothing leaks into the global registry of an embedding program.
@@ -16,17 +17,23 @@ Triton's names and labels (`model`, `version`). Triton exposes its counters with
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     UnknownMetricFamily,
 )
+from prometheus_client.utils import floatToGoString
 
 from hotreload.engine.event_kinds import BaseEvent, PhaseEnd, ReloadDone, ReloadFailed, Xid
 from hotreload.engine.model import STATES
@@ -92,6 +99,63 @@ class ObservedLatencyWindow(LatencyWindow):
             self.observe(latency_ms)
 
 
+class _Latencies:
+    """One model's series of a `LatencyHistogram`: a count per bucket and the sum."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe_ms(self, latency_ms: float) -> None:
+        seconds = latency_ms / 1000
+        # The first bucket whose bound is >= the value, as prometheus_client's `observe`.
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+
+class LatencyHistogram:
+    """A histogram of latencies by model, counted in plain numbers on the request path and
+    exposed at scrape time with the series, labels and values prometheus_client's
+    `Histogram` gives (`_bucket`, `_count`, `_sum`, `_created`). Observing into a
+    `Histogram` took a lock per figure and a Python loop over its buckets, twice a request;
+    here it is a bisect and two additions (the event loop is the one writer and reader)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = tuple(float(b) for b in buckets)
+        self._les = [floatToGoString(b) for b in (*self.bounds, float("inf"))]
+        self._series: dict[str, _Latencies] = {}
+
+    def labels(self, model: str) -> _Latencies:
+        """The model's series (shown from now on, at zero until observed)."""
+        series = self._series.get(model)
+        if series is None:
+            series = self._series[model] = _Latencies(self.bounds)
+        return series
+
+    def total_s(self, model: str) -> float:
+        """The sum of the model's latencies, in seconds (0 before any)."""
+        series = self._series.get(model)
+        return series.sum if series is not None else 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["model"])
+        # Read where prometheus_client reads it: `disable_created_metrics()` and the
+        # PROMETHEUS_DISABLE_CREATED_SERIES variable leave `_created` out.
+        created = getattr(prometheus_metrics, "_use_created", True)
+        for model, series in self._series.items():
+            totals = [float(n) for n in accumulate(series.counts)]
+            family.add_metric([model], list(zip(self._les, totals, strict=True)), series.sum)
+            if created:
+                family.add_sample(self.name + "_created", {"model": model}, series.created)
+        yield family
+
+
 class SessionMetrics:
     """The registry, the histograms fed by events and requests, and the scrape collector."""
 
@@ -99,20 +163,19 @@ class SessionMetrics:
         self.session = session
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.request_seconds = Histogram(
+        self.request_seconds = LatencyHistogram(
             "hotreload_request_duration_seconds",
             "Time from admission to reply of successful requests, queue included",
-            ["model"],
-            buckets=REQUEST_BUCKETS,
-            registry=r,
+            REQUEST_BUCKETS,
         )
-        self.queue_seconds = Histogram(
+        r.register(self.request_seconds)
+        #: Its sum is also Triton's nv_inference_queue_duration_us.
+        self.queue_seconds = LatencyHistogram(
             "hotreload_queue_duration_seconds",
             "Time requests waited in the model's queue before reaching the worker",
-            ["model"],
-            buckets=REQUEST_BUCKETS,
-            registry=r,
+            REQUEST_BUCKETS,
         )
+        r.register(self.queue_seconds)
         self.reload_phase_seconds = Histogram(
             "hotreload_reload_phase_duration_seconds",
             "Duration of each reload phase (load, warm, smoke, gate, drain, sync, swap, ...)",
@@ -147,8 +210,6 @@ class SessionMetrics:
         )
         #: Requests the HTTP layer refused before they reached the router (bad JSON, ...).
         self.http_bad_requests: dict[str, int] = {}
-        #: Total queue time per model in microseconds (Triton's nv_inference_queue_duration_us).
-        self.queue_us_total: dict[str, float] = {}
         self._restore: list[Callable[[], None]] = []
         r.register(_SessionCollector(self))
         for host in session.models.values():
@@ -157,23 +218,17 @@ class SessionMetrics:
 
     def _tee_router(self, host: ModelSupervisor) -> None:
         name = host.name
-        requests = self.request_seconds.labels(name)
-        queued = self.queue_seconds.labels(name)
-        self.queue_us_total.setdefault(name, 0.0)
-
-        def on_queue(ms: float) -> None:
-            queued.observe(ms / 1000)
-            self.queue_us_total[name] += ms * 1000
-
         old_latency, old_queue = host.latency_windows()
         host.set_latency_windows(
             ObservedLatencyWindow(
                 window_s=old_latency.window_s,
                 max_samples=old_latency.max_samples,
-                observe=lambda ms: requests.observe(ms / 1000),
+                observe=self.request_seconds.labels(name).observe_ms,
             ),
             ObservedLatencyWindow(
-                window_s=old_queue.window_s, max_samples=old_queue.max_samples, observe=on_queue
+                window_s=old_queue.window_s,
+                max_samples=old_queue.max_samples,
+                observe=self.queue_seconds.labels(name).observe_ms,
             ),
         )
 
@@ -335,7 +390,7 @@ class _SessionCollector:
             nv_failure.add_metric([name, v, "REJECTED"], c["rejected"] + c["timed_out"])
             nv_failure.add_metric([name, v, "BACKEND"], c["failed"])
             nv_failure.add_metric([name, v, "OTHER"], bad)
-            nv_queue.add_metric([name, v], self.metrics.queue_us_total.get(name, 0.0))
+            nv_queue.add_metric([name, v], self.metrics.queue_seconds.total_s(name) * 1e6)
         yield from (depth, limit, inflight, requests, retried, version, state, ready)
         yield from (load, warm, restarts, compile_s, serving_compiles)
         yield from _gpu_families(getattr(session, "gpu_snapshot", None))

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hotreload import __version__
 from hotreload.engine.event_kinds import BaseEvent, HttpStarted, SessionStopping
 from hotreload.errors import ClientError, HotreloadError
-from hotreload.http.auth import token_middleware, without_details
+from hotreload.http.auth import token_refusal, without_details
 from hotreload.http.body import BodyError, BodyLimits, ClientGone, compress_small, read_body
 from hotreload.http.edges import (
     answer_parse_errors_in_json,
@@ -65,32 +66,39 @@ SHUTDOWN_TIMEOUT_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error is JSON (`replies.error_body`: OpenAI's error object on the OpenAI-style
-    routes, `{"error": "..."}` on KServe's): ours, aiohttp's (404, 405, 413) and bugs alike."""
-    try:
-        return await handler(request)
-    except HttpError as exc:
-        extra = without_details(request, exc.extra)
-        resp = json_response(
-            error_body(request.path, exc.status, exc.message, exc.param, exc.code, **extra),
-            exc.status,
-        )
-        if exc.close:
-            resp.force_close()
-        return resp
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return http_exception_response(request, exc)
-    except Exception as exc:  # a bug: say so, keep serving
-        log.exception("HTTP %s %s failed", request.method, request.path)
-        message = (
-            f"internal error: {type(exc).__name__}: {exc}; this is a bug in hotreload, "
-            "the server keeps serving: please report it with the request that caused it"
-        )
-        return json_response(error_body(request.path, 500, message), 500)
+def _front(token: str | None, token_file: str) -> Middleware:
+    """The front's one middleware (each is a coroutine more on every request): the token of
+    the protected routes (auth.py), and every error as JSON (`replies.error_body`: OpenAI's
+    error object on the OpenAI-style routes, `{"error": "..."}` on KServe's): ours,
+    aiohttp's (404, 405, 413) and bugs alike."""
+
+    @web.middleware
+    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            refused = token_refusal(request, token, token_file)
+            return refused if refused is not None else await handler(request)
+        except HttpError as exc:
+            extra = without_details(request, exc.extra, token)
+            resp = json_response(
+                error_body(request.path, exc.status, exc.message, exc.param, exc.code, **extra),
+                exc.status,
+            )
+            if exc.close:
+                resp.force_close()
+            return resp
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return http_exception_response(request, exc)
+        except Exception as exc:  # a bug: say so, keep serving
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            message = (
+                f"internal error: {type(exc).__name__}: {exc}; this is a bug in hotreload, "
+                "the server keeps serving: please report it with the request that caused it"
+            )
+            return json_response(error_body(request.path, 500, message), 500)
+
+    return front
 
 
 class KServeApp:
@@ -123,8 +131,9 @@ class KServeApp:
     def build(self) -> web.Application:
         # aiohttp refuses bodies over client_max_size with 413 (turned into JSON above).
         token_file = str(http_token_path(self.session.config.state_dir))
-        middlewares = [_errors_as_json, token_middleware(self.token, token_file)]
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=middlewares)
+        app = web.Application(
+            client_max_size=self.max_body_bytes, middlewares=[_front(self.token, token_file)]
+        )
         get, post = web.get, web.post
         model = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
@@ -265,7 +274,8 @@ class KServeApp:
             self.metrics.count_bad_request(host.name)
             raise HttpError(400, f"model {host.name!r}: {exc}") from None
         try:
-            frame = await router.submit_future(header, payload)
+            # parse_infer_request checked the tensors against the body: not again.
+            frame = await router.submit_future(header, payload, tensors_checked=True)
         except ClientError as exc:
             raise client_error(exc) from None
         h = frame.header
@@ -479,7 +489,7 @@ async def start_http(
     endpoint = HttpEndpoint(kapp, host, config.http.keepalive_timeout_s)
     endpoint.port = await endpoint.listen(kapp.build(), port)
     if metrics_port is not None:
-        metrics_app = web.Application(middlewares=[_errors_as_json])
+        metrics_app = web.Application(middlewares=[_front(None, "")])
         metrics_app.add_routes([web.get("/metrics", kapp.prometheus)])
         endpoint.metrics_port = await endpoint.listen(metrics_app, metrics_port)
     session.events.emit(

@@ -103,3 +103,61 @@ def test_framing_it_does_not_follow_turns_it_off() -> None:
     # An upgrade may change the protocol: the limit then applies as bytes arrive, as before.
     stream = chunked(2000, head=b"Upgrade: h2c\r\nConnection: upgrade\r\n")
     assert feed(stream, 0) == ([None], 0)
+
+
+def test_a_parser_without_message_consumed_still_wraps() -> None:
+    """aiohttp before 3.14 has no `message_consumed` on its parsers: wrapping one must not
+    fail every connection (the method is bound only where the parser has it)."""
+
+    class OldParser:
+        def feed_data(self, data: bytes) -> tuple[list[Any], bool, bytes]:
+            return [], False, b""
+
+    wrapped = ChunkLimitParser(OldParser(), 10, lambda: None)
+    assert wrapped.feed_data(b"GET / HTTP/1.1\r\n") == ([], False, b"")
+    with pytest.raises(AttributeError):
+        wrapped.message_consumed  # noqa: B018 - asked only of parsers that have it
+
+
+def plain_chunked(*sizes: int) -> bytes:
+    head = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (n, b"y" * n) for n in sizes) + b"0\r\n\r\n"
+
+
+def test_a_read_of_one_whole_request_is_not_followed_and_the_next_chunked_one_is() -> None:
+    """A read holding one request with a Content-Length body (what clients send) needs no
+    following: the tracker stays in step without reading it, and still refuses the chunked
+    body after it that declares too much, however the reads fall."""
+    reads = [
+        with_length(b"7FFFFFFF\r\n" * 3 + b"\r\n\r\n"),  # a body that looks like framing
+        b"\r\n" + with_length(b""),  # an empty line before a request, as RFC 9112 allows
+        b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n",
+        plain_chunked(600, 500),  # 1100 declared: refused
+        with_length(b"z" * 40)[:30],  # one request over two reads: followed
+        with_length(b"z" * 40)[30:],
+        plain_chunked(300) + with_length(b"{}"),  # two in one read: followed
+        with_length(b"0\r\n\r\n" * 4),
+    ]
+    loop = asyncio.new_event_loop()
+    try:
+        told: list[int] = []
+        inner = HttpRequestParser(_Protocol(), loop, 2**16, max_line_size=8190, max_field_size=8190)
+        parser = ChunkLimitParser(inner, 1000, lambda: told.append(1))
+        followed: list[bytes] = []
+        follow = parser._follow
+
+        def counting(data: bytes, messages: Any) -> None:
+            followed.append(data)
+            follow(data, messages)
+
+        parser._follow = counting  # type: ignore[method-assign]
+        payloads = []
+        for data in reads:
+            payloads += [p for _, p in parser.feed_data(data)[0]]
+    finally:
+        loop.close()
+    refused = [p.exception() for p in payloads]
+    assert [exc is None for exc in refused] == [True, True, True, False, True, True, True, True]
+    assert isinstance(refused[3], BodyError) and "declares at least 1100" in refused[3].message
+    assert told == [1]
+    assert followed == [reads[3], reads[4], reads[5], reads[6]]

@@ -100,3 +100,15 @@ def test_auth_none_is_the_open_mode_and_a_bogus_mode_is_refused(tmp_path: Path) 
     with pytest.raises(ConfigError, match="auth"):
         load_config(config)
     assert load_config(make_project(tmp_path / "b")).http.auth == "token"
+
+
+@pytest.mark.parametrize("sent", ["Bearer é", "Bearer 日本", "bearer  the-token ", "Basic x"])
+def test_any_authorization_header_is_a_yes_or_a_no_never_an_error(sent: str) -> None:
+    """compare_digest refuses a str with non-ASCII characters: a token like that raised out
+    of the middleware as a bare text 500 instead of a 401."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from hotreload.http.auth import authorized
+
+    req = make_mocked_request("GET", "/v2/repository/index", headers={"Authorization": sent})
+    assert authorized(req, "the-token") is (sent == "bearer  the-token ")

@@ -84,7 +84,9 @@ class _Router:
         self.size = size
         self.input_signature = [{"name": "input", "dtype": "float32", "shape": [1, 4]}]
 
-    def submit_future(self, header: dict[str, Any], payload: Any) -> asyncio.Future[Frame]:
+    def submit_future(
+        self, header: dict[str, Any], payload: Any, *, tensors_checked: bool = False
+    ) -> asyncio.Future[Frame]:
         out = np.linspace(-1, 1, self.size, dtype=np.float32)
         meta = {"name": "output", "dtype": "float32", "shape": [1, self.size], "nbytes": out.nbytes}
         reply = Frame({"ok": True, "version": 3, "tensors": [meta]}, out.tobytes())
@@ -130,7 +132,6 @@ async def _ask(url: str, accept: str, body: bytes) -> tuple[int, str | None, byt
 
 #: auth.py keys the request's storage by a str, which aiohttp warns about (pytest makes
 #: warnings errors): a server process only prints it, once.
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 @pytest.mark.parametrize("size", [10, 4000], ids=["small", "over-the-small-limit"])
 def test_infer_answers_are_compressed_as_aiohttp_compressed_them(
     tmp_path: Path, size: int, monkeypatch: pytest.MonkeyPatch

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from hotreload.http import kserve
 from hotreload.http.kserve import (
     InferRequestError,
+    _json_data,
     encode_infer_response,
     kserve_datatype,
     metadata_shape,
@@ -216,3 +221,54 @@ def test_metadata_types_and_shapes() -> None:
         "BF16",
     ]
     assert metadata_shape([1, 64]) == [-1, 64] and metadata_shape([]) == []
+
+
+# ------------------------------------------------------------------ JSON data in one C pass
+
+_NUMBERS = st.one_of(
+    st.floats(allow_nan=False, width=64),  # infinities, subnormals, past float32's range
+    st.just(float("nan")),  # the only NaN JSON text gives (json.loads("NaN"))
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([2**1100, -(2**1100), 3.4028235e38, 3.4028236e38, 1e-46, -0.0]),
+)
+_ITEMS = _NUMBERS | st.sampled_from(["1", None, [1.0], {"a": 1}])
+
+
+def _outcome(data: Any, dtype: str, shape: list[int], bools: bool) -> tuple[str, Any]:
+    try:
+        return "bytes", _json_data(data, "x", dtype, shape, bools)
+    except InferRequestError as exc:
+        return "error", str(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    data=st.lists(_NUMBERS, max_size=8) | st.lists(_ITEMS, max_size=8),
+    dtype=st.sampled_from(["float32", "float64"]),
+    extra=st.integers(-1, 1),
+)
+def test_numbers_packed_in_one_pass_are_numpys_bytes(data: list, dtype: str, extra: int) -> None:
+    """A text without `true`/`false` takes struct's one pass: the bytes numpy gave, or the
+    general path's error for anything else (a string, a null, nesting, an overflow, a
+    count that does not fit the shape)."""
+    shape = [max(0, len(data) + extra)]
+    assert _outcome(data, dtype, shape, bools=False) == _outcome(data, dtype, shape, bools=True)
+
+
+def test_bools_in_data_are_still_refused() -> None:
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, True]}]}
+    with pytest.raises(InferRequestError, match="it holds bool"):
+        parse_infer_request(json.dumps(doc).encode(), None)
+
+
+def test_plain_numbers_skip_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body of JSON numbers (what clients send) is packed without numpy's conversion."""
+
+    def no_numpy(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("numpy converted a flat list of numbers")
+
+    monkeypatch.setattr(kserve.np, "asarray", no_numpy)
+    values = [0.1, 1, -2.5, 3.4e38, 1e-45, 0]
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 3], "data": values}]}
+    req = parse_infer_request(json.dumps(doc).encode(), None)
+    assert bytes(req.inputs[0].data) == np.array(values, np.float32).tobytes()

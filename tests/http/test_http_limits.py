@@ -221,3 +221,5 @@ def test_a_chunked_body_over_the_limit_gets_413_before_it_is_all_sent(
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 200") == 2, answer[:300]
+
+

@@ -1,8 +1,9 @@
 """The infer request path's shortcuts answer exactly as the long way round did: a body that
 is already in is read without a deadline task, infer reads the few fields it needs instead
-of a model's whole snapshot, flat number lists skip numpy's item-by-item check, headers are
-encoded by one compact JSON encoder made once, and an answer's dtype names come from a
-table instead of numpy's `dtype.name` property."""
+of a model's whole snapshot, the router does not check the parser's tensors again, one
+middleware checks the token and answers errors, flat number lists skip numpy's
+item-by-item check, headers are encoded by one compact JSON encoder made once, and an
+answer's dtype names come from a table instead of numpy's `dtype.name` property."""
 
 from __future__ import annotations
 
@@ -22,12 +23,14 @@ from aiohttp.streams import StreamReader
 from aiohttp.test_utils import TestServer, make_mocked_request
 from prometheus_client import CollectorRegistry
 
-from hotreload.errors import ProtocolError
+from hotreload.errors import ModelError, ProtocolError
 from hotreload.http import body as body_module
 from hotreload.http.body import BodyError, BodyLimits, read_body
+from hotreload.http.edges import answer_parse_errors_in_json
 from hotreload.http.kserve import _items_problem, _numbers_problem, parse_infer_request
 from hotreload.http.server import KServeApp
-from hotreload.protocol.framing import Frame, compact_json
+from hotreload.protocol.framing import Frame
+from hotreload.protocol.json_read import compact_json
 from hotreload.protocol.tensors import BF16, WIRE_DTYPES, encode_tensors
 
 # ------------------------------------------------------------------ the body
@@ -75,9 +78,13 @@ class _Router:
     def __init__(self) -> None:
         self.input_signature = [{"name": "input", "dtype": "float32", "shape": [1, 4]}]
         self.headers: list[dict[str, Any]] = []
+        self.tensors_checked: list[bool] = []
 
-    def submit_future(self, header: dict[str, Any], payload: Any) -> asyncio.Future[Frame]:
+    def submit_future(
+        self, header: dict[str, Any], payload: Any, *, tensors_checked: bool = False
+    ) -> asyncio.Future[Frame]:
         self.headers.append(header)
+        self.tensors_checked.append(tensors_checked)
         out = np.frombuffer(bytes(payload), np.float32) * 2
         meta = {"name": "output", "dtype": "float32", "shape": [1, 4], "nbytes": 16}
         reply = Frame({"ok": True, "version": 3, "tensors": [meta], "digest": "d1"}, out.tobytes())
@@ -101,19 +108,15 @@ class _Host:
         raise AssertionError("infer built the model's whole snapshot (view) for one request")
 
 
-#: auth.py keys the request's storage by a str, which aiohttp warns about (pytest makes
-#: warnings errors): a server process only prints it, once.
-_AUTH_KEY_WARNING = "ignore::aiohttp.web_exceptions.NotAppKeyWarning"
-
-
-def _serve(host: _Host, tmp_path: Path, ask: Callable[[str], Any]) -> Any:
+def _serve(host: _Host, tmp_path: Path, ask: Callable[[str], Any], token: str | None = None) -> Any:
     session = SimpleNamespace(
         models={host.name: host},
         events=SimpleNamespace(subscribe=lambda callback: lambda: None),
         config=SimpleNamespace(state_dir=tmp_path),
     )
     metrics = SimpleNamespace(registry=CollectorRegistry(), count_bad_request=lambda model: None)
-    kapp = KServeApp(session, metrics, 2**20, BodyLimits(5.0, 2**20))  # type: ignore[arg-type]
+    limits = BodyLimits(5.0, 2**20)
+    kapp = KServeApp(session, metrics, 2**20, limits, token)  # type: ignore[arg-type]
     app = kapp.build()
 
     async def main() -> Any:
@@ -128,7 +131,6 @@ def _infer_body(values: list[float]) -> bytes:
     return json.dumps({"inputs": [tensor]}).encode()
 
 
-@pytest.mark.filterwarnings(_AUTH_KEY_WARNING)
 def test_infer_answers_from_the_router_without_a_snapshot(tmp_path: Path) -> None:
     host = _Host("serving")
 
@@ -149,13 +151,14 @@ def test_infer_answers_from_the_router_without_a_snapshot(tmp_path: Path) -> Non
     }
     meta = {"name": "input", "dtype": "float32", "shape": [1, 4], "nbytes": 16}
     assert host.router.headers == [{"tensors": [meta], "form": "single"}]
+    # The parser checked the tensors against the body: the router does not again.
+    assert host.router.tensors_checked == [True]
     assert wrong_version["error"].startswith("model 'mlp' version 2 is not available; version 3")
     # Infer is the first route aiohttp tries under /v2/models: asked far more than the rest.
     first = next(iter(app.router.resources()))
     assert first.canonical == "/v2/models/{name}/infer"
 
 
-@pytest.mark.filterwarnings(_AUTH_KEY_WARNING)
 def test_infer_on_an_unloaded_model_says_how_to_load_it(tmp_path: Path) -> None:
     async def ask(url: str) -> tuple[int, dict[str, Any]]:
         body = _infer_body([1, 2, 3, 4])
@@ -170,6 +173,88 @@ def test_infer_on_an_unloaded_model_says_how_to_load_it(tmp_path: Path) -> None:
         503,
         {"error": "model 'mlp' is unloaded; POST /v2/repository/models/mlp/load to load it"},
     )
+
+
+class _FailingRouter(_Router):
+    def submit_future(
+        self, header: dict[str, Any], payload: Any, *, tensors_checked: bool = False
+    ) -> asyncio.Future[Frame]:
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        fut.set_exception(ModelError("model 'mlp': boom", "Traceback: model.py line 3"))
+        return fut
+
+
+def test_one_middleware_checks_the_token_and_answers_errors(tmp_path: Path) -> None:
+    """The token check and the JSON errors are one middleware (each is a coroutine more on
+    every request): a protected path without the token is refused before any handler, an
+    unknown one too; a model's traceback goes only to a request that sent the token."""
+    host = _Host("serving")
+    host.router = _FailingRouter()
+    token = {"Authorization": "Bearer s3cret"}
+
+    async def ask(url: str) -> list[tuple[int, dict[str, Any]]]:
+        out = []
+        async with aiohttp.ClientSession() as http:
+            for path, headers in (
+                ("v2/repository/index", {}),
+                ("v2/repository/nothing", {}),
+                ("v2/repository/nothing", token),
+                ("v2/models/mlp/infer", {}),
+                ("v2/models/mlp/infer", token),
+            ):
+                body = _infer_body([1, 2, 3, 4])
+                async with http.post(url + path, data=body, headers=headers) as r:
+                    out.append((r.status, await r.json()))
+        return out
+
+    app, answers = _serve(host, tmp_path, ask, token="s3cret")
+    assert len(app.middlewares) == 1
+    (index, unknown, unknown_with, infer, infer_with) = answers
+    assert index[0] == unknown[0] == 401 and "needs the session's token" in index[1]["error"]
+    assert unknown_with[0] == 404
+    assert infer[0] == infer_with[0] == 500 and infer[1]["error"] == "model 'mlp': boom"
+    assert "traceback" not in infer[1] and infer_with[1]["traceback"].startswith("Traceback")
+
+
+def test_a_malformed_request_after_many_bytes_is_answered_in_its_routes_shape() -> None:
+    """The tail a connection keeps to name a malformed request's path is cut back, not
+    rebuilt on every read: after 40 KiB of requests on one keep-alive connection, the path
+    is still read off the last request line, which follows a body without a newline."""
+    app = web.Application()
+    app.add_routes([web.post("/v2/x", _ok)])
+
+    async def main() -> bytes:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        answer_parse_errors_in_json(runner, 2**20)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+            body = b"b" * 10_000
+            post = b"POST /v2/x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            for _ in range(4):
+                writer.write(post + body)
+                await writer.drain()
+                await reader.readuntil(b"ok")
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+            reply = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            return reply
+        finally:
+            await runner.cleanup()
+
+    reply = asyncio.run(main())
+    head, _, doc = reply.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", reply
+    error = json.loads(doc)["error"]
+    assert error["type"] == "invalid_request_error", error  # OpenAI's shape: /v1/...
+    assert error["message"].startswith("malformed HTTP request"), error
+
+
+async def _ok(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(text="ok")
 
 
 # ------------------------------------------------------------------ numbers and JSON
