@@ -311,3 +311,22 @@ def test_hook_manifest_is_valid() -> None:
         timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_shapes_declaration_that_does_not_fit_points_at_the_config(project: Path) -> None:
+    """The worker's load error for `shapes` begins with SHAPES_REFUSED: the example ran fine,
+    so the hint sends the user to the config, not to the example callable."""
+    from hotreload.commands.check import _hint_for
+    from hotreload.config import load_config
+    from hotreload.protocol.messages import SHAPES_REFUSED
+
+    model = load_config(project).model("mlp")
+    error = f"{SHAPES_REFUSED}: shapes.input = [-1] has 1 dimension(s), but ..."
+    hint = _hint_for("load", None, error, model)
+    assert "the `shapes` table in mlp's config section does not fit" in hint, hint
+    assert "example callable" not in hint
+    # An error of the example callable itself still points there.
+    error = "model.py:example_input: the example callable must return a tensor ..."
+    assert "the example callable model.py:example_input failed" in _hint_for(
+        "load", None, error, model
+    )

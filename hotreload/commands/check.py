@@ -41,7 +41,7 @@ from hotreload.exitcodes import (
 )
 from hotreload.paths import ensure_state_dir, write_private_file
 from hotreload.preflight import preflight
-from hotreload.protocol.messages import StatusReply, StatusRequest
+from hotreload.protocol.messages import SHAPES_REFUSED, StatusReply, StatusRequest
 from hotreload.protocol.tensors import decode_tensors, encode_tensors
 
 MIB = 2**20
@@ -363,8 +363,11 @@ def _see_traceback(traceback: str | None) -> str:
 
 def _load_step(model: ModelConfig, error: str, traceback: str | None) -> str:
     """ "example" when a load failed in the model's example callable (the worker's error
-    names it, or the traceback runs through it), else "load": the import of the code, the
-    factory or the weights, which run before it."""
+    names it, or the traceback runs through it), "shapes" when the config's `shapes` did not
+    fit the example it returned, else "load": the import of the code, the factory or the
+    weights, which run before it."""
+    if SHAPES_REFUSED in error:
+        return "shapes"
     example = model.example
     frame = f", in {example.attr.rsplit('.', 1)[-1]}\n"
     if example.spec in error or (example.attr and frame in (traceback or "")):
@@ -388,6 +391,9 @@ def _hint_for(
         "load": "the factory, the import of your code or the weights failed",
         "example": f"the example callable {model.example.spec if model else ''} failed: it "
         "must run and return a torch tensor, a str or list of str, or a tuple/list/dict of them",
+        "shapes": "the model loaded and its example ran; the `shapes` table in "
+        f"{model.name if model else 'the model'}'s config section does not fit what the "
+        "example returned: fix it as the error says, or remove it (dimension 0 free)",
         "warm": "the example input failed in forward()",
         "smoke": "the example's output is non-finite or changed shape/dtype",
         "drain": "a forward never returned: look for a deadlock or an infinite loop",

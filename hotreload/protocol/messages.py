@@ -504,3 +504,6 @@ REQUEST_PATH_OPS = frozenset({WorkerOp.INFER, WorkerOp.TEXT})
 PARTIAL = "partial"
 #: The error code of a streamed request stopped by a CANCEL.
 CANCELLED = "cancelled"
+#: How a load refused for the model's `shapes` declaration begins: the fix is in the
+#: config, not in the example callable (`hotreload check` says so).
+SHAPES_REFUSED = "`shapes` in the config does not fit the example"

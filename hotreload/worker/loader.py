@@ -23,6 +23,7 @@ import torch
 
 from hotreload import runtime
 from hotreload.errors import did_you_mean
+from hotreload.protocol.messages import SHAPES_REFUSED
 from hotreload.worker import adapter_copy, compile_watch, compiled_names, smoke_checks
 from hotreload.worker.fast_build import build_without_init
 from hotreload.worker.fresh_source import SourceOnlyLoader, folder_prefixes, loaded_files
@@ -327,9 +328,12 @@ def build_version(
             model = model.to(device).eval()
         try:
             form, example = normalise_example(example_fn())
-            signature_in = input_signature(example, form, spec.get("shapes"))
         except SignatureError as exc:  # named: the factory and the weights loaded fine
             raise LoadError(f"{spec['example']['spec']}: {exc}") from None
+        try:
+            signature_in = input_signature(example, form, spec.get("shapes"))
+        except SignatureError as exc:  # the config's declaration, not the example, is wrong
+            raise LoadError(f"{SHAPES_REFUSED}: {exc}") from None
         example = {k: to_device(v, device) for k, v in example.items()}
         if device.type == "cuda":
             # A stream of this version's own: the sync phase waits on exactly these.

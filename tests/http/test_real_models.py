@@ -21,6 +21,7 @@ import torch
 from hotreload import AsyncClient, Client
 from hotreload.client import http_headers
 from hotreload.errors import BadRequestError, ConfigError
+from hotreload.protocol.messages import SHAPES_REFUSED
 from tests.http.conftest import HttpServeProcess
 from tests.http.support_http import json_infer, request
 from tests.support import REPO, count_events, shared_server
@@ -407,7 +408,7 @@ def test_a_wrong_shapes_declaration_fails_the_start_and_says_why(tmp_path: Path,
     shapes, message = WRONG_SHAPES[0]
     config = project(tmp_path, model_section("enc", "enc.py", shapes), {"enc.py": TOKENS_MODEL})
     session = serve(config, wait_ready=False)
-    session.wait_for(message, 90)
+    session.wait_for(f"{SHAPES_REFUSED}: {message}", 90)  # the config's, not the example's
 
 
 def test_shapes_values_are_checked_in_the_config(tmp_path: Path) -> None:
