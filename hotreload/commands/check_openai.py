@@ -257,8 +257,8 @@ class OpenAICheck:
             if not _installed("openai"):
                 self._missing("openai-python", "openai")
             else:
-                bodies = {"completion": self._completion, "chat": self._chat}
-                bodies["chat-stream"] = self._stream
+                bodies = {"completion": self._completion, "chat": self._chat,
+                          "chat-stream": self._stream}  # fmt: skip
                 for client in OPENAI_CLIENTS:
                     if client in chosen:
                         await self.step(CLIENTS[client], bodies[client])

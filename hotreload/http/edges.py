@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -23,6 +22,7 @@ from aiohttp.web_server import Server
 
 from hotreload.http.chunk_limit import ChunkLimitParser
 from hotreload.http.replies import error_body
+from hotreload.protocol.json_read import compact_json
 
 #: A request line (`POST /v1/completions HTTP/1.1`): its path, for a request that failed
 #: to parse later on (a bad header), whose error must take the shape of its route's. Not
@@ -41,7 +41,7 @@ def parse_error_path(received: bytes) -> str:
 
 def _json(doc: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        body=json.dumps(doc, separators=(",", ":")).encode(),
+        body=compact_json(doc).encode(),
         status=status,
         content_type="application/json",
         headers=headers,

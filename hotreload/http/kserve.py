@@ -325,6 +325,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
 
     inputs: list[InputTensor] = []
     offset = 0
+    bools = b"true" in head or b"false" in head  # JSON's only spellings of a bool
     for i, raw in enumerate(raw_inputs):
         t = _obj(raw, "inputs[{}]", i)
         name = t.get("name")
@@ -360,7 +361,6 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             data: bytes | memoryview = binary[offset : offset + size]
             offset += size
         elif "data" in t:
-            bools = b"true" in head or b"false" in head  # JSON's only spellings of a bool
             data = _json_data(t["data"], name, dtype, shape, bools)
         else:
             raise InferRequestError(

@@ -9,7 +9,6 @@ keep `{"error": "<message>"}`, the shape the Open Inference Protocol specifies.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -22,6 +21,7 @@ from hotreload.errors import (
     RequestTimeoutError,
     WorkerUnavailableError,
 )
+from hotreload.protocol.json_read import compact_json
 
 #: Paths outside `/v1/` that answer errors as OpenAI objects: vLLM's own routes, which the
 #: same clients call (lm-eval's remote tokenizer, health probes of OpenAI-style servers).
@@ -94,7 +94,7 @@ def error_body(
 
 def json_response(doc: Any, status: int = 200) -> web.Response:
     return web.Response(
-        body=json.dumps(doc, separators=(",", ":")).encode(),
+        body=compact_json(doc).encode(),
         status=status,
         content_type="application/json",
     )

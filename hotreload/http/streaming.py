@@ -29,7 +29,6 @@ looked at every CLIENT_POLL_S.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from hotreload.errors import ClientError
 from hotreload.http.chat import chat_logprobs
 from hotreload.http.replies import client_error, error_body
 from hotreload.protocol.framing import Frame
+from hotreload.protocol.json_read import compact_json
 from hotreload.protocol.messages import PARTIAL
 
 DONE = b"data: [DONE]\n\n"
@@ -53,7 +53,7 @@ KINDS = {"completion": ("text_completion", "cmpl"), "chat": ("chat.completion.ch
 
 def event(doc: dict[str, Any]) -> bytes:
     """One Server-Sent Event carrying `doc` as JSON."""
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + compact_json(doc).encode() + b"\n\n"
 
 
 class Chunks:
